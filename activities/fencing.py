@@ -1,0 +1,58 @@
+"""Steps 2 and 4b: take the failed node out of service in Slurm (drain, later down).
+
+Both are idempotent: a node already fenced by this incident is left as it is, and a node that
+someone else drained is never overwritten; the result says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from temporalio import activity
+
+from contracts.audit import record
+from backends.slurm import NodeUpdate, SlurmClient
+from contracts.models import ActionContext, NodeFenceResult, NodeRequest, SlurmNode
+
+
+def fenced_by(node: SlurmNode, ctx: ActionContext) -> bool:
+    return node.reason.startswith(f"{ctx.owner}:") and f"incident {ctx.incident_id} " in node.reason + " "
+
+
+class FencingActivities:
+    def __init__(self, slurm: SlurmClient):
+        self._slurm = slurm
+
+    async def _fence(
+        self, req: NodeRequest, state: NodeUpdate, done: Callable[[SlurmNode], bool]
+    ) -> NodeFenceResult:
+        before = await self._slurm.get_node(req.node)
+        ours = fenced_by(before, req.ctx)
+        if done(before) and ours:
+            action = record(f"{state.lower()}_node", req.node, "none", req.ctx, "already done by this incident")
+            return NodeFenceResult(node=req.node, before=before, after=before, changed=False,
+                                   owned_by_other=False, action=action)
+        if before.drained and not ours:
+            action = record(
+                f"{state.lower()}_node", req.node, "none", req.ctx,
+                f"left as found: drained by someone else ({before.reason!r})",
+            )
+            return NodeFenceResult(node=req.node, before=before, after=before, changed=False,
+                                   owned_by_other=True, action=action)
+        path = await self._slurm.update_node(req.node, state, req.ctx.slurm_reason())
+        after = await self._slurm.get_node(req.node)
+        action = record(
+            f"{state.lower()}_node", req.node, path, req.ctx,
+            f"{before.state}{'+' + '+'.join(before.flags) if before.flags else ''} -> "
+            f"{after.state}{'+' + '+'.join(after.flags) if after.flags else ''}; reason {req.ctx.slurm_reason()!r}",
+        )
+        return NodeFenceResult(node=req.node, before=before, after=after, changed=True,
+                               owned_by_other=False, action=action)
+
+    @activity.defn
+    async def drain_node(self, req: NodeRequest) -> NodeFenceResult:
+        return await self._fence(req, "DRAIN", done=lambda node: node.drained)
+
+    @activity.defn
+    async def mark_node_down(self, req: NodeRequest) -> NodeFenceResult:
+        return await self._fence(req, "DOWN", done=lambda node: node.state == "down")

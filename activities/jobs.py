@@ -1,0 +1,178 @@
+"""Steps 3, 4 and 7 for the jobs on the failed node: find, signal, wait for a checkpoint,
+requeue away from the node, and verify that each restarted from its latest complete checkpoint.
+
+Waiting activities poll with a heartbeat, so a dead worker is noticed within the heartbeat
+timeout and the poll resumes on another worker; the workflow owns every deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from temporalio import activity
+
+from contracts.audit import record
+from backends.checkpoints import CheckpointStore
+from backends.slurm import SlurmClient, SlurmNotFound
+from contracts.models import (
+    ActionRecord,
+    CheckpointWaitRequest,
+    CheckpointWaitResult,
+    JobSnapshot,
+    JobVerification,
+    RequeueRequest,
+    RequeueResult,
+    SignalRequest,
+    SlurmJob,
+    VerifyRequest,
+)
+
+POLL_SECONDS = 0.5
+
+
+class JobActivities:
+    def __init__(self, slurm: SlurmClient, checkpoints: CheckpointStore):
+        self._slurm = slurm
+        self._checkpoints = checkpoints
+
+    @activity.defn
+    async def find_jobs(self, node: str) -> list[JobSnapshot]:
+        snapshots = []
+        for job in await self._slurm.jobs_on_node(node):
+            latest = progress = None
+            if job.checkpoint_dir:
+                latest, _ = await self._checkpoints.latest_complete(job.checkpoint_dir)
+                progress = await self._checkpoints.progress(job.checkpoint_dir)
+            snapshots.append(JobSnapshot(job=job, checkpoint_dir=job.checkpoint_dir,
+                                         latest_complete=latest, progress=progress))
+        return snapshots
+
+    @activity.defn
+    async def signal_job(self, req: SignalRequest) -> ActionRecord:
+        path = await self._slurm.signal_job(req.job_id, req.signal)
+        return record("signal_job", f"job {req.job_id}", path, req.ctx,
+                      f"SIG{req.signal} to the batch shell and every step")
+
+    @activity.defn
+    async def wait_for_checkpoint(self, req: CheckpointWaitRequest) -> CheckpointWaitResult:
+        """Returns once a complete checkpoint newer than `after_step` exists; the workflow's
+        grace timer cancels it otherwise."""
+        started = time.monotonic()
+        while True:
+            latest, _ = await self._checkpoints.latest_complete(req.checkpoint_dir)
+            if latest is not None and (req.after_step is None or latest.step > req.after_step):
+                return CheckpointWaitResult(job_id=req.job_id, new_checkpoint=latest,
+                                            waited_seconds=time.monotonic() - started)
+            activity.heartbeat(latest.step if latest else None)
+            await asyncio.sleep(req.poll_seconds)
+
+    @activity.defn
+    async def requeue_job(self, req: RequeueRequest) -> RequeueResult:
+        """Requeue held, keep the job off the failed node, release. Safe to retry: Slurm's own
+        restart count tells whether an earlier attempt already requeued the job."""
+        job_id, ctx, actions = req.job.job_id, req.ctx, []
+        job = await self._slurm.get_job(job_id)
+        requeued_now = False
+        if job.restart_count == req.job.restart_count:
+            if job.state not in ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"):
+                actions.append(record("requeue_job", f"job {job_id}", "none", ctx,
+                                      f"not requeued: job is {job.state} ({job.state_reason})"))
+                return RequeueResult(job_id=job_id, requeued_now=False,
+                                     restart_count=job.restart_count, actions=actions)
+            path = await self._slurm.requeue_hold(job_id)
+            actions.append(record("requeue_hold", f"job {job_id}", path, ctx,
+                                  "requeued in held state so it cannot start before it is kept off the node"))
+            requeued_now = True
+        job = await self._wait_until_pending(job_id)
+        if req.failed_node not in job.excluded_nodes:
+            excluded = sorted({*job.excluded_nodes, req.failed_node})
+            path = await self._slurm.set_excluded_nodes(job_id, excluded)
+            actions.append(record("exclude_nodes", f"job {job_id}", path, ctx, f"ExcNodeList={','.join(excluded)}"))
+        if job.held:
+            path = await self._slurm.release_job(job_id)
+            actions.append(record("release_job", f"job {job_id}", path, ctx, "released to run elsewhere"))
+        return RequeueResult(job_id=job_id, requeued_now=requeued_now,
+                             restart_count=job.restart_count, actions=actions)
+
+    async def _wait_until_pending(self, job_id: int) -> SlurmJob:
+        # A requeued job is COMPLETING for a moment before it is PENDING again.
+        while True:
+            job = await self._slurm.get_job(job_id)
+            if job.state == "PENDING" or job.state == "RUNNING":
+                return job
+            activity.heartbeat(job.state)
+            await asyncio.sleep(POLL_SECONDS / 5)
+
+    @activity.defn
+    async def verify_restart(self, req: VerifyRequest) -> JobVerification:
+        """Polls until the job runs again as it should, or the deadline passes (then it says why)."""
+        deadline = time.monotonic() + req.deadline_seconds
+        while True:
+            result, hopeless = await self._check_restart(req)
+            if result.verified or hopeless or time.monotonic() >= deadline:
+                return result
+            activity.heartbeat(result.why_not)
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def _check_restart(self, req: VerifyRequest) -> tuple[JobVerification, bool]:
+        """The verification as it stands now, and whether waiting longer could change it."""
+        before = req.snapshot.job
+        why: list[str] = []
+        try:
+            job = await self._slurm.get_job(before.job_id)
+        except SlurmNotFound:
+            gone = JobVerification(job_id=before.job_id, verified=False, why_not=["job is gone from Slurm"],
+                                   restart_count_before=before.restart_count, restart_count_after=-1,
+                                   nodes_before=before.nodes, nodes_after=[])
+            return gone, True
+        if job.state != "RUNNING":
+            why.append(f"job is {job.state} ({job.state_reason}), not RUNNING")
+        if req.failed_node in job.nodes:
+            why.append(f"job runs on the failed node {req.failed_node}")
+        if job.restart_count != req.expected_restart_count:
+            why.append(f"restart count is {job.restart_count}, expected {req.expected_restart_count}")
+        result = JobVerification(
+            job_id=job.job_id, verified=False, why_not=why,
+            restart_count_before=before.restart_count, restart_count_after=job.restart_count,
+            nodes_before=before.nodes, nodes_after=job.nodes if job.state == "RUNNING" else [],
+        )
+        wrong_checkpoint = False
+        if req.snapshot.checkpoint_dir:
+            wrong_checkpoint = await self._check_resume(req, result)
+        result.verified = not result.why_not
+        hopeless = (
+            wrong_checkpoint
+            or job.restart_count > req.expected_restart_count
+            or job.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+        )
+        return result, hopeless
+
+    async def _check_resume(self, req: VerifyRequest, result: JobVerification) -> bool:
+        """Adds what is not yet right about the resume; True when it resumed from the wrong checkpoint."""
+        run_dir = req.snapshot.checkpoint_dir
+        assert run_dir
+        records = [r for r in await self._checkpoints.resume_records(run_dir)
+                   if r.restart_count == req.expected_restart_count]
+        if not records:
+            result.why_not.append(f"no resume record for restart {req.expected_restart_count} yet")
+            return False
+        resume = result.resume = records[-1]
+        result.resumed_at = resume.started_at
+        # What the job should have loaded: the newest checkpoint complete when it started.
+        expected, _ = await self._checkpoints.latest_complete(run_dir, created_before=resume.started_at)
+        result.expected_checkpoint = expected
+        expected_id = expected.checkpoint_id if expected else None
+        wrong_checkpoint = resume.checkpoint_id != expected_id
+        if wrong_checkpoint:
+            result.why_not.append(
+                f"job resumed from {resume.checkpoint_id or 'scratch'}, "
+                f"but the latest complete checkpoint was {expected_id or 'none'}"
+            )
+        progress = await self._checkpoints.progress(run_dir)
+        resumed_step = resume.resumed_step or 0
+        if progress is None or progress.restart_count != req.expected_restart_count or progress.step <= resumed_step:
+            result.why_not.append(f"no training progress past step {resumed_step} yet")
+        else:
+            result.progress_step_after = progress.step
+        return wrong_checkpoint

@@ -1,0 +1,59 @@
+"""The interface every Slurm backend implements, and the errors they raise."""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+from contracts.models import SlurmJob, SlurmNode, SlurmPath
+
+NodeUpdate = Literal["DRAIN", "DOWN", "RESUME"]
+
+
+class SlurmError(Exception):
+    """Slurm refused or failed an operation."""
+
+
+class SlurmUnavailable(SlurmError):
+    """Slurm's state could not be read at all (controller or slurmrestd down, time-out)."""
+
+
+class SlurmNotFound(SlurmError):
+    """The node or job does not exist: retrying cannot help."""
+
+
+class Unsupported(SlurmError):
+    """This backend (or its API version) cannot do the operation."""
+
+
+class SlurmCommandError(SlurmError):
+    def __init__(self, argv: list[str], returncode: int, stderr: str):
+        self.argv, self.returncode, self.stderr = argv, returncode, stderr.strip()
+        super().__init__(f"{' '.join(argv)} exited {returncode}: {self.stderr}")
+
+
+class SlurmBackend(Protocol):
+    """What the recovery needs from Slurm. Every call is for one node or one job."""
+
+    path: SlurmPath
+
+    def supports(self, operation: str) -> bool: ...
+
+    async def get_node(self, name: str) -> SlurmNode: ...
+
+    async def list_jobs(self) -> list[SlurmJob]: ...
+
+    async def get_job(self, job_id: int) -> SlurmJob: ...
+
+    async def update_node(self, name: str, state: NodeUpdate, reason: str | None) -> None: ...
+
+    async def set_node_comment(self, name: str, comment: str) -> None: ...
+
+    async def signal_job(self, job_id: int, signal: str) -> None:
+        """Signal the whole job: the batch shell and every step, so each can checkpoint."""
+        ...
+
+    async def requeue_hold(self, job_id: int) -> None: ...
+
+    async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> None: ...
+
+    async def release_job(self, job_id: int) -> None: ...

@@ -1,0 +1,115 @@
+"""Slurm through its command-line tools: argv lists, never a shell."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+
+from backends.slurm.api import (
+    NodeUpdate,
+    SlurmCommandError,
+    SlurmNotFound,
+    SlurmUnavailable,
+)
+from backends.slurm.parse import job_from_json, node_from_json
+from contracts.models import SlurmJob, SlurmNode
+
+# Messages with which scontrol says a node or job does not exist: no retry can fix those.
+_NOT_FOUND = ("Invalid node name specified", "Invalid job id specified")
+# Messages that mean slurmctld could not be reached: the state is unknown.
+_UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Connection refused")
+
+
+class SlurmCli:
+    path = "cli"
+
+    def __init__(self, slurm_conf: str | None = None, timeout: float = 30.0, bin_dir: str = ""):
+        self._env = dict(os.environ)
+        if slurm_conf:
+            self._env["SLURM_CONF"] = slurm_conf
+        # A SLURM_JWT in the environment would switch the tools to JWT auth; they use munge here.
+        self._env.pop("SLURM_JWT", None)
+        self._timeout = timeout
+        self._bin_dir = bin_dir
+
+    def supports(self, operation: str) -> bool:
+        return True
+
+    async def run(self, *argv: str) -> str:
+        cmd = [os.path.join(self._bin_dir, argv[0]) if self._bin_dir else argv[0], *argv[1:]]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self._env,
+            )
+        except FileNotFoundError as e:
+            raise SlurmUnavailable(f"{argv[0]} is not installed: {e}") from e
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), self._timeout)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            proc.kill()
+            await proc.wait()
+            raise
+        stderr = err.decode(errors="replace")
+        if proc.returncode != 0:
+            if any(m in stderr for m in _NOT_FOUND):
+                raise SlurmNotFound(stderr.strip())
+            if any(m in stderr for m in _UNREACHABLE):
+                raise SlurmUnavailable(stderr.strip())
+            raise SlurmCommandError(list(argv), proc.returncode or -1, stderr)
+        return out.decode(errors="replace")
+
+    async def _json(self, *argv: str) -> dict[str, Any]:
+        out = await self.run(*argv)
+        try:
+            return json.loads(out)
+        except json.JSONDecodeError as e:
+            raise SlurmUnavailable(f"{argv[0]} printed no JSON: {out[:200]!r}") from e
+
+    async def list_nodes(self) -> list[SlurmNode]:
+        data = await self._json("sinfo", "--json")
+        return [node_from_json(raw) for raw in data.get("nodes", [])]
+
+    async def get_node(self, name: str) -> SlurmNode:
+        # 22.05's sinfo --json ignores -n, so every node comes back: pick ours.
+        for node in await self.list_nodes():
+            if node.name == name:
+                return node
+        raise SlurmNotFound(f"node {name} is not in this cluster")
+
+    async def list_jobs(self) -> list[SlurmJob]:
+        data = await self._json("squeue", "--json")
+        return [job_from_json(raw) for raw in data.get("jobs", [])]
+
+    async def get_job(self, job_id: int) -> SlurmJob:
+        # 22.05's squeue --json ignores -j as well.
+        for job in await self.list_jobs():
+            if job.job_id == job_id:
+                return job
+        raise SlurmNotFound(f"job {job_id} is not known to slurmctld")
+
+    async def update_node(self, name: str, state: NodeUpdate, reason: str | None) -> None:
+        argv = ["scontrol", "update", f"NodeName={name}", f"State={state}"]
+        if reason is not None:
+            argv.append(f"Reason={reason}")
+        await self.run(*argv)
+
+    async def set_node_comment(self, name: str, comment: str) -> None:
+        await self.run("scontrol", "update", f"NodeName={name}", f"Comment={comment}")
+
+    async def signal_job(self, job_id: int, signal: str) -> None:
+        await self.run("scancel", f"--signal={signal}", "--full", str(job_id))
+
+    async def requeue_hold(self, job_id: int) -> None:
+        await self.run("scontrol", "requeuehold", str(job_id))
+
+    async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> None:
+        await self.run("scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}")
+
+    async def release_job(self, job_id: int) -> None:
+        await self.run("scontrol", "release", str(job_id))

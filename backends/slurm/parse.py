@@ -1,0 +1,65 @@
+"""Turn Slurm's JSON (squeue/sinfo --json and slurmrestd, 22.05 and newer) into contracts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hostlist
+
+from contracts.models import SlurmJob, SlurmNode
+
+# Flags that newer Slurm reports inside the state list instead of a separate field.
+_BASE_NODE_STATES = {
+    "IDLE", "MIXED", "ALLOCATED", "DOWN", "ERROR", "FUTURE", "UNKNOWN", "COMPLETING",
+}
+
+
+def expand_nodes(value: str | list[str] | None) -> list[str]:
+    if not value:
+        return []
+    if isinstance(value, list):
+        return [n for part in value for n in hostlist.expand_hostlist(part)]
+    return hostlist.expand_hostlist(value)
+
+
+def node_from_json(raw: dict[str, Any]) -> SlurmNode:
+    state = raw.get("state")
+    flags = [str(f).upper() for f in raw.get("state_flags") or []]
+    if isinstance(state, list):  # 23.02+: ["IDLE", "DRAIN"]
+        names = [str(s).upper() for s in state]
+        base = next((s for s in names if s in _BASE_NODE_STATES), names[0] if names else "UNKNOWN")
+        flags += [s for s in names if s != base]
+        state = base
+    return SlurmNode(
+        name=raw["name"],
+        state=str(state or "unknown").lower(),
+        flags=sorted(set(flags)),
+        reason=raw.get("reason") or "",
+        comment=raw.get("comment") or "",
+    )
+
+
+def _number(value: Any) -> int:
+    """22.05 gives plain integers; 23.02+ wraps them as {"set": bool, "number": int}."""
+    if isinstance(value, dict):
+        return int(value.get("number", 0)) if value.get("set", True) else 0
+    return int(value or 0)
+
+
+def job_from_json(raw: dict[str, Any]) -> SlurmJob:
+    state = raw.get("job_state")
+    if isinstance(state, list):  # 23.02+: ["PENDING", "REQUEUED"]
+        state = state[0] if state else "UNKNOWN"
+    excluded = raw.get("excluded_nodes", raw.get("exclude")) or ""
+    return SlurmJob(
+        job_id=_number(raw["job_id"]),
+        name=raw.get("name") or "",
+        state=str(state).upper(),
+        state_reason=raw.get("state_reason") or "",
+        nodes=expand_nodes(raw.get("nodes")),
+        restart_count=_number(raw.get("restart_cnt")),
+        requeue=bool(raw.get("requeue", True)),
+        comment=raw.get("comment") or "",
+        excluded_nodes=expand_nodes(excluded),
+        priority=_number(raw.get("priority")),
+    )

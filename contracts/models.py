@@ -1,0 +1,387 @@
+"""Pydantic models: the contracts between alert sources, workflows, activities and backends.
+
+Every value that crosses a Temporal boundary (workflow input, signal, query, activity argument or
+result) is one of these, so a malformed value fails at the edge with a clear error instead of
+deep inside a recovery.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+# Slurm node names as the controller accepts them: one host name, no host list syntax
+# ("gpu-[1-4]", commas) and nothing a shell or scontrol's key=value parser could misread.
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def _check_node_name(name: str) -> str:
+    if not _NODE_NAME.fullmatch(name):
+        raise ValueError(
+            f"invalid node name {name!r}: use 1-63 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (no host lists)"
+        )
+    return name
+
+
+NodeName = Annotated[str, AfterValidator(_check_node_name)]
+# Slurm job ids are positive 32-bit integers; array and het-job suffixes are not accepted.
+JobId = Annotated[int, Field(gt=0, lt=2**32)]
+Xid = Annotated[int, Field(ge=1, le=999)]
+Actor = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\n\r]+$")]
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Contract(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+# --- fault policy ---------------------------------------------------------------------------
+
+
+class FaultClass(StrEnum):
+    FATAL = "fatal"  # the GPU is gone: fence at once, no emergency checkpoint wait
+    DEGRADING = "degrading"  # the GPU still works: let jobs checkpoint, then move them
+    APPLICATION = "application"  # the job's own fault: no node action
+    UNKNOWN = "unknown"  # drain, keep jobs running, escalate to a person
+
+
+class FaultClassification(Contract):
+    xid: Xid
+    fault_class: FaultClass
+    mnemonic: str = ""
+    description: str = ""
+    catalogue_action: str = ""
+    policy_source: str = Field(description="the policy table the class came from")
+
+
+# --- alerts and workflow input ----------------------------------------------------------------
+
+
+class NodeFailureAlert(Contract):
+    """One report that a node's GPU failed, from any source (CLI, drill, hooks)."""
+
+    node: NodeName
+    xid: Xid
+    source: Annotated[str, Field(min_length=1, max_length=64)]
+    actor: Actor = Field(description="who asked: a person, a hook or a policy")
+    reason: Annotated[str, Field(min_length=1, max_length=500)] = "GPU fault reported"
+    observed_at: datetime = Field(default_factory=utc_now)
+    message: Annotated[str, Field(max_length=2000)] = ""
+
+
+class RecoveryPolicy(Contract):
+    """How an incident behaves; set by the starter from configuration, fixed for the run."""
+
+    owner: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")] = (
+        "recovery"
+    )
+    degrading_grace_seconds: float = Field(120.0, ge=0, le=24 * 3600)
+    checkpoint_poll_seconds: float = Field(1.0, gt=0, le=60)
+    spare_nodes: list[NodeName] = Field(default_factory=list)
+    spare_wait_seconds: float = Field(300.0, gt=0)
+    verify_deadline_seconds: float = Field(600.0, gt=0)
+
+
+class RecoveryRequest(Contract):
+    node: NodeName
+    policy: RecoveryPolicy = Field(default_factory=RecoveryPolicy)
+
+
+# --- Slurm state ------------------------------------------------------------------------------
+
+
+class SlurmNode(Contract):
+    name: NodeName
+    state: str = Field(description="base state in lower case: idle, mixed, allocated, down, ...")
+    flags: list[str] = Field(default_factory=list, description="upper case: DRAIN, NOT_RESPONDING, ...")
+    reason: str = ""
+    comment: str = ""
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.flags or self.state in ("drained", "draining")
+
+    @property
+    def responding(self) -> bool:
+        return "NOT_RESPONDING" not in self.flags
+
+    @property
+    def in_service(self) -> bool:
+        return (
+            self.state in ("idle", "mixed", "allocated")
+            and not self.drained
+            and self.responding
+            and not {"FAIL", "MAINTENANCE", "REBOOT_REQUESTED", "REBOOT_ISSUED"} & set(self.flags)
+        )
+
+
+class SlurmJob(Contract):
+    job_id: JobId
+    name: str = ""
+    state: str = Field(description="upper case: RUNNING, PENDING, COMPLETING, ...")
+    state_reason: str = ""
+    nodes: list[str] = Field(default_factory=list)
+    restart_count: int = 0
+    requeue: bool = True
+    comment: str = ""
+    excluded_nodes: list[str] = Field(default_factory=list)
+    priority: int = 0
+
+    @property
+    def held(self) -> bool:
+        return self.state == "PENDING" and (self.priority == 0 or "held" in self.state_reason.lower())
+
+    @property
+    def checkpoint_dir(self) -> str | None:
+        """The job's checkpoint directory, declared in its comment as ``checkpoint_dir=PATH``."""
+        for part in self.comment.split(";"):
+            key, _, value = part.strip().partition("=")
+            if key == "checkpoint_dir" and value:
+                return value
+        return None
+
+
+SlurmPath = Literal["cli", "rest"]
+
+
+# --- checkpoints and progress (read from the job's checkpoint directory) ----------------------
+
+
+class CheckpointRef(Contract):
+    checkpoint_id: str
+    step: int
+    train_seconds: float
+    created_at: datetime
+
+
+class SkippedCheckpoint(Contract):
+    checkpoint_id: str
+    why: str
+
+
+class ResumeRecord(Contract):
+    job_id: str
+    restart_count: int
+    resumed_step: int | None
+    checkpoint_id: str | None
+    skipped_checkpoints: list[SkippedCheckpoint] = Field(default_factory=list)
+    previous_last_step: int | None = None
+    previous_train_seconds: float | None = None
+    resumed_train_seconds: float = 0.0
+    started_at: datetime
+    host: str = ""
+
+
+class JobProgress(Contract):
+    job_id: str
+    restart_count: int
+    step: int
+    train_seconds: float
+    updated_at: datetime
+    state: str
+
+
+# --- what the workflow asks of activities ----------------------------------------------------
+
+
+class ActionContext(Contract):
+    """Who asks for a side effect and why; every side effect carries one into the audit trail."""
+
+    incident_id: str
+    owner: str
+    actor: str
+    reason: str
+    xid: int
+    mnemonic: str = ""
+
+    def slurm_reason(self) -> str:
+        """The reason written on Slurm nodes: says whose fence it is, which fault and which incident."""
+        what = f"XID {self.xid}" + (f" {self.mnemonic}" if self.mnemonic else "")
+        return f"{self.owner}: {what} incident {self.incident_id} by {self.actor}"[:250]
+
+
+class NodeRequest(Contract):
+    node: NodeName
+    ctx: ActionContext
+
+
+class SignalRequest(Contract):
+    job_id: JobId
+    signal: Literal["USR1", "USR2", "TERM"]
+    ctx: ActionContext
+
+
+class CheckpointWaitRequest(Contract):
+    job_id: JobId
+    checkpoint_dir: str
+    after_step: int | None
+    poll_seconds: float
+
+
+class RequeueRequest(Contract):
+    job: SlurmJob
+    failed_node: NodeName
+    ctx: ActionContext
+
+
+class ReplacementRequest(Contract):
+    failed_node: NodeName
+    spare_nodes: list[NodeName]
+    ctx: ActionContext
+
+
+class SpareWaitRequest(Contract):
+    node: NodeName
+    deadline_seconds: float
+
+
+class VerifyRequest(Contract):
+    snapshot: "JobSnapshot"
+    failed_node: NodeName
+    expected_restart_count: int
+    deadline_seconds: float
+
+
+# --- what activities report back -------------------------------------------------------------
+
+
+class ActionRecord(Contract):
+    """One side effect (or a decision not to act), with who asked and why: the audit trail."""
+
+    at: datetime
+    action: str
+    target: str
+    path: str = Field(description="how it was done: cli, rest, filesystem, none")
+    detail: str = ""
+    actor: str
+    reason: str
+
+
+class NodeFenceResult(Contract):
+    node: NodeName
+    before: SlurmNode
+    after: SlurmNode
+    changed: bool
+    owned_by_other: bool = Field(description="the node was already drained with a reason not ours")
+    action: ActionRecord
+
+
+class JobSnapshot(Contract):
+    """A job on the failed node, as found before anything was done to it."""
+
+    job: SlurmJob
+    checkpoint_dir: str | None
+    latest_complete: CheckpointRef | None
+    progress: JobProgress | None
+
+
+class CheckpointWaitResult(Contract):
+    job_id: JobId
+    new_checkpoint: CheckpointRef | None
+    waited_seconds: float
+
+
+class RequeueResult(Contract):
+    job_id: JobId
+    requeued_now: bool = Field(description="false when an earlier attempt had already requeued it")
+    restart_count: int
+    actions: list[ActionRecord]
+
+
+class ReplacementResult(Contract):
+    node: NodeName | None = Field(description="the node brought in, or None when none was available")
+    provider: str
+    detail: str = ""
+    actions: list[ActionRecord] = Field(default_factory=list)
+
+
+class SpareResult(Contract):
+    node: NodeName
+    healthy: bool
+    in_service_at: datetime | None = None
+    detail: str = ""
+
+
+class JobVerification(Contract):
+    job_id: JobId
+    verified: bool
+    why_not: list[str] = Field(default_factory=list)
+    restart_count_before: int
+    restart_count_after: int
+    nodes_before: list[str]
+    nodes_after: list[str]
+    expected_checkpoint: CheckpointRef | None = None
+    resume: ResumeRecord | None = None
+    resumed_at: datetime | None = None
+    progress_step_after: int | None = None
+
+
+# --- the incident, as the workflow shows and reports it ---------------------------------------
+
+
+class Phase(Contract):
+    name: str
+    started_at: datetime
+    ended_at: datetime | None = None
+    result: str = ""
+
+
+class IncidentStatus(Contract):
+    incident_id: str
+    node: str
+    phase: str
+    xid: int | None
+    fault_class: FaultClass | None
+    alerts: list[NodeFailureAlert]
+    phases: list[Phase]
+    actions: list[ActionRecord]
+    outcome: str | None = None
+
+
+class JobReport(Contract):
+    job_id: JobId
+    restart_count: int
+    nodes_before: list[str]
+    nodes_after: list[str]
+    verified: bool
+    why_not: list[str] = Field(default_factory=list)
+    resumed_step: int | None = None
+    latest_complete_step: int | None = None
+    last_step_before_failure: int | None = None
+    lost_steps: int | None = None
+    lost_seconds: float | None = None
+    skipped_checkpoints: list[SkippedCheckpoint] = Field(default_factory=list)
+    time_to_resume_seconds: float | None = None
+
+
+class IncidentReport(Contract):
+    incident_id: str
+    node: str
+    xid: int
+    fault_class: FaultClass
+    action: str = Field(description="what the policy decided: recover, fence_and_escalate, none")
+    outcome: str = Field(description="'recovered', or why not")
+    failure_at: datetime
+    phases: list[Phase]
+    spare_node: str | None = None
+    replacement_seconds: float | None = None
+    time_to_resume_seconds: float | None = None
+    lost_steps: int | None = None
+    lost_seconds: float | None = None
+    resumed_step: int | None = None
+    latest_complete_step: int | None = None
+    skipped_checkpoints: list[SkippedCheckpoint] = Field(default_factory=list)
+    jobs: list[JobReport] = Field(default_factory=list)
+    alerts: list[NodeFailureAlert] = Field(default_factory=list)
+    actions: list[ActionRecord] = Field(default_factory=list)
+
+
+VerifyRequest.model_rebuild()

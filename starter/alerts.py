@@ -1,0 +1,28 @@
+"""Hand a node failure alert to Temporal: exactly one incident per node.
+
+Signal-with-start: the first alert for a node starts its NodeRecoveryWorkflow; later alerts for
+the same node join the running incident as signals instead of starting another.
+"""
+
+from __future__ import annotations
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+
+from contracts.models import IncidentReport, NodeFailureAlert, RecoveryPolicy, RecoveryRequest
+from workflows.node_recovery import NodeRecoveryWorkflow, incident_workflow_id
+
+
+async def raise_alert(
+    client: Client, alert: NodeFailureAlert, task_queue: str, policy: RecoveryPolicy
+) -> WorkflowHandle[NodeRecoveryWorkflow, IncidentReport]:
+    return await client.start_workflow(
+        NodeRecoveryWorkflow.run,
+        RecoveryRequest(node=alert.node, policy=policy),
+        id=incident_workflow_id(alert.node),
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        start_signal="alert",
+        start_signal_args=[alert],
+    )

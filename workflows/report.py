@@ -1,0 +1,95 @@
+"""The incident report: pure arithmetic over what the workflow recorded (no I/O, deterministic).
+
+Lost training progress (steps and training seconds between the checkpoint a job resumed from and
+the last step it had reached) is kept apart from node-replacement time (failure to spare in
+service) and from time to resume (failure to the job training again).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from contracts.models import (
+    ActionRecord,
+    FaultClassification,
+    IncidentReport,
+    JobReport,
+    JobSnapshot,
+    JobVerification,
+    NodeFailureAlert,
+    Phase,
+    SpareResult,
+)
+
+
+def seconds_between(start: datetime, end: datetime | None) -> float | None:
+    return None if end is None else round((end - start).total_seconds(), 3)
+
+
+def job_report(snapshot: JobSnapshot, verification: JobVerification | None, failure_at: datetime) -> JobReport:
+    job = snapshot.job
+    report = JobReport(job_id=job.job_id, restart_count=job.restart_count, nodes_before=job.nodes,
+                       nodes_after=[], verified=False)
+    if verification is None:
+        return report
+    report.restart_count = verification.restart_count_after
+    report.nodes_after = verification.nodes_after
+    report.verified = verification.verified
+    report.why_not = verification.why_not
+    if verification.expected_checkpoint is not None:
+        report.latest_complete_step = verification.expected_checkpoint.step
+    resume = verification.resume
+    if resume is None:
+        return report
+    report.resumed_step = resume.resumed_step
+    report.skipped_checkpoints = resume.skipped_checkpoints
+    report.time_to_resume_seconds = seconds_between(failure_at, resume.started_at)
+    # The job itself recorded how far the previous run got; the snapshot is the fallback.
+    last_step = resume.previous_last_step
+    if last_step is None and snapshot.progress is not None:
+        last_step = snapshot.progress.step
+    report.last_step_before_failure = last_step
+    if last_step is not None:
+        report.lost_steps = max(0, last_step - (resume.resumed_step or 0))
+    if resume.previous_train_seconds is not None:
+        report.lost_seconds = round(max(0.0, resume.previous_train_seconds - resume.resumed_train_seconds), 3)
+    return report
+
+
+def build_report(
+    *,
+    incident_id: str,
+    node: str,
+    classification: FaultClassification,
+    action: str,
+    outcome: str,
+    failure_at: datetime,
+    phases: list[Phase],
+    jobs: list[JobSnapshot],
+    verifications: list[JobVerification],
+    spare: SpareResult | None,
+    alerts: list[NodeFailureAlert],
+    actions: list[ActionRecord],
+) -> IncidentReport:
+    by_id = {v.job_id: v for v in verifications}
+    job_reports = [job_report(s, by_id.get(s.job.job_id), failure_at) for s in jobs]
+    report = IncidentReport(
+        incident_id=incident_id, node=node, xid=classification.xid, fault_class=classification.fault_class,
+        action=action, outcome=outcome, failure_at=failure_at, phases=phases, jobs=job_reports,
+        alerts=alerts, actions=actions,
+    )
+    if spare is not None:
+        report.spare_node = spare.node
+        if spare.healthy:
+            report.replacement_seconds = seconds_between(failure_at, spare.in_service_at)
+    resumed = [j for j in job_reports if j.time_to_resume_seconds is not None]
+    if resumed:
+        # The incident is over for training when the last job trains again; losses add up.
+        report.time_to_resume_seconds = max(j.time_to_resume_seconds or 0.0 for j in resumed)
+        report.lost_steps = sum(j.lost_steps or 0 for j in resumed)
+        report.lost_seconds = round(sum(j.lost_seconds or 0.0 for j in resumed), 3)
+        first = resumed[0]
+        report.resumed_step = first.resumed_step
+        report.latest_complete_step = first.latest_complete_step
+        report.skipped_checkpoints = [s for j in resumed for s in j.skipped_checkpoints]
+    return report
