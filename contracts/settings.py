@@ -14,7 +14,7 @@ DEFAULT_XID_POLICY = Path(__file__).with_name("xid_policy.csv")
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RECOVERY_", env_file=None, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RECOVERY_", env_file=None, extra="forbid")
 
     temporal_address: str = Field(
         "127.0.0.1:7233", validation_alias=AliasChoices("TEMPORAL_ADDRESS", "RECOVERY_TEMPORAL_ADDRESS")

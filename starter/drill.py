@@ -14,11 +14,12 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from pydantic import BaseModel, Field
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
 from activities.xid_policy import XidPolicyTable
 from backends.slurm import SlurmCli
@@ -69,6 +70,16 @@ class DrillResult(BaseModel):
         }
 
 
+@dataclass
+class DrillRun:
+    job_id: int
+    run_dir: Path
+    node: str
+    fault_class: FaultClass
+    corrupted: str | None
+    handle: WorkflowHandle
+
+
 class Drill:
     def __init__(self, client: Client, stack: LocalStack, cluster: dict[str, str], policy: RecoveryPolicy,
                  xid_table: XidPolicyTable, say: Callable[[str], None] = lambda _: None):
@@ -82,6 +93,10 @@ class Drill:
         self.say(f"[{time.monotonic() - self._t0:6.1f}s] {text}")
 
     async def run(self, opts: DrillOptions) -> DrillResult:
+        return await self.finish(await self.start(opts), opts.timeout_seconds)
+
+    async def start(self, opts: DrillOptions) -> DrillRun:
+        """Everything up to the alert: a training job with checkpoints, a failed GPU, the alert."""
         fault_class = self.xid_table.classify(opts.xid).fault_class
         await self.reset_cluster()
         run_dir = self.stack.state_dir / "drills" / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
@@ -108,11 +123,16 @@ class Drill:
         )
         handle = await raise_alert(self.client, alert, self.stack.task_queue, self.policy)
         self._log(f"alert sent: incident workflow {handle.id}")
-        report = await self.follow(handle, opts.timeout_seconds)
-        checks = await self.check(report, job_id, node, fault_class, run_dir, corrupted)
-        await self.slurm.run("scancel", str(job_id))
-        return DrillResult(report=report, job_id=job_id, run_dir=str(run_dir),
-                           corrupted_checkpoint=corrupted, checks=checks)
+        return DrillRun(job_id=job_id, run_dir=run_dir, node=node, fault_class=fault_class,
+                        corrupted=corrupted, handle=handle)
+
+    async def finish(self, run: DrillRun, timeout: float) -> DrillResult:
+        """Follow the incident to its end, check what the drill promises, stop the job."""
+        report = await self.follow(run.handle, timeout)
+        checks = await self.check(report, run.job_id, run.node, run.fault_class, run.corrupted)
+        await self.slurm.run("scancel", str(run.job_id))
+        return DrillResult(report=report, job_id=run.job_id, run_dir=str(run.run_dir),
+                           corrupted_checkpoint=run.corrupted, checks=checks)
 
     # --- set-up --------------------------------------------------------------------------------
 
@@ -190,7 +210,7 @@ class Drill:
         return await result
 
     async def check(self, report: IncidentReport, job_id: int, node: str, fault_class: FaultClass,
-                    run_dir: Path, corrupted: str | None) -> list[DrillCheck]:
+                    corrupted: str | None) -> list[DrillCheck]:
         checks = []
         if fault_class in (FaultClass.FATAL, FaultClass.DEGRADING):
             checks.append(DrillCheck(name="recovered", passed=report.outcome == "recovered", detail=report.outcome))

@@ -107,9 +107,13 @@ class LocalStack:
             "TEMPORAL_ADDRESS": self.temporal_address,
             "RECOVERY_TASK_QUEUE": self.task_queue,
             "RECOVERY_SPARE_NODES": cluster.get("SLURM_SPARE_NODES", ""),
-            "RECOVERY_HEALTH_CHECK": f"{HEALTH_SCRIPT} {{node}}",
+            "RECOVERY_HEALTH_CHECK": self.health_check,
             "PYTHONPATH": str(REPO),
         }
+
+    @property
+    def health_check(self) -> str:
+        return f"{HEALTH_SCRIPT} {{node}} {self.slurm_base}"
 
     def worker_running(self) -> bool:
         return _alive(self._pidfile("worker"))

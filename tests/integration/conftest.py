@@ -1,0 +1,57 @@
+"""Fixtures on the real stack: the session's Slurm cluster and dev server, a worker per test on a
+task queue of its own, and a Drill that drives the reference training job."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from contextlib import AsyncExitStack
+
+import pytest_asyncio
+
+from activities.xid_policy import XidPolicyTable
+from contracts.settings import Settings
+from starter.drill import Drill
+from worker import activities_for, build_slurm, build_worker
+
+
+def stack_settings(local_stack, cluster: dict[str, str], task_queue: str, **overrides) -> Settings:
+    return Settings(
+        TEMPORAL_ADDRESS="unused",
+        SLURM_CONF=cluster["SLURM_CONF"],
+        SLURMRESTD_URL=cluster["SLURMRESTD_URL"],
+        SLURMRESTD_USER=cluster["SLURMRESTD_USER"],
+        SLURMRESTD_TOKEN=cluster["SLURMRESTD_TOKEN"],
+        task_queue=task_queue,
+        spare_nodes=cluster["SLURM_SPARE_NODES"],
+        health_check=local_stack.health_check,
+        verify_deadline_seconds=120,
+        spare_wait_seconds=60,
+        **overrides,
+    )
+
+
+@pytest_asyncio.fixture
+async def task_queue() -> str:
+    return f"recovery-test-{uuid.uuid4()}"
+
+
+@pytest_asyncio.fixture
+async def settings(local_stack, slurm_cluster, task_queue) -> Settings:
+    return stack_settings(local_stack, slurm_cluster, task_queue)
+
+
+@pytest_asyncio.fixture
+async def recovery_worker(temporal_env, settings):
+    """An in-process worker on the test's own task queue, with the real Slurm backends."""
+    async with AsyncExitStack() as stack:
+        slurm = await build_slurm(settings, stack)
+        async with build_worker(temporal_env.client, settings.task_queue, activities_for(settings, slurm)):
+            yield slurm
+
+
+@pytest_asyncio.fixture
+async def drill(temporal_env, local_stack, slurm_cluster, settings) -> Drill:
+    stack = dataclasses.replace(local_stack, task_queue=settings.task_queue)
+    return Drill(temporal_env.client, stack, slurm_cluster, settings.policy(),
+                 XidPolicyTable(settings.xid_policy_file), say=print)
