@@ -17,6 +17,7 @@ from backends.checkpoints import CheckpointStore
 from backends.slurm import SlurmClient, SlurmNotFound
 from contracts.models import (
     ActionRecord,
+    CheckpointRef,
     CheckpointWaitRequest,
     CheckpointWaitResult,
     JobSnapshot,
@@ -84,7 +85,12 @@ class JobActivities:
             actions.append(record("requeue_hold", f"job {job_id}", path, ctx,
                                   "requeued in held state so it cannot start before it is kept off the node"))
             requeued_now = True
+        else:
+            actions.append(record("requeue_hold", f"job {job_id}", "none", ctx,
+                                  f"already requeued by an earlier attempt (restart count {job.restart_count})"))
         job = await self._wait_until_pending(job_id)
+        # Every process of the job has exited now: no checkpoint of this run can appear any more.
+        at_stop = await self._latest_complete_before_restart(req.job, job.restart_count)
         if req.failed_node not in job.excluded_nodes:
             excluded = sorted({*job.excluded_nodes, req.failed_node})
             path = await self._slurm.set_excluded_nodes(job_id, excluded)
@@ -92,8 +98,19 @@ class JobActivities:
         if job.held:
             path = await self._slurm.release_job(job_id)
             actions.append(record("release_job", f"job {job_id}", path, ctx, "released to run elsewhere"))
-        return RequeueResult(job_id=job_id, requeued_now=requeued_now,
-                             restart_count=job.restart_count, actions=actions)
+        return RequeueResult(job_id=job_id, requeued_now=requeued_now, restart_count=job.restart_count,
+                             latest_complete_at_stop=at_stop, actions=actions)
+
+    async def _latest_complete_before_restart(self, job: SlurmJob, restart_count: int) -> CheckpointRef | None:
+        """The checkpoint the restarted job should load. A retried activity may run after the job
+        restarted: then only checkpoints from before the restart count."""
+        if not job.checkpoint_dir:
+            return None
+        restarted = [r for r in await self._checkpoints.resume_records(job.checkpoint_dir)
+                     if r.restart_count == restart_count]
+        cutoff = restarted[-1].started_at if restarted else None
+        latest, _ = await self._checkpoints.latest_complete(job.checkpoint_dir, created_before=cutoff)
+        return latest
 
     async def _wait_until_pending(self, job_id: int) -> SlurmJob:
         # A requeued job is COMPLETING for a moment before it is PENDING again.
@@ -139,7 +156,7 @@ class JobActivities:
         )
         wrong_checkpoint = False
         if req.snapshot.checkpoint_dir:
-            wrong_checkpoint = await self._check_resume(req, result)
+            wrong_checkpoint = await self._check_resume(req, req.snapshot.checkpoint_dir, result)
         result.verified = not result.why_not
         hopeless = (
             wrong_checkpoint
@@ -148,10 +165,8 @@ class JobActivities:
         )
         return result, hopeless
 
-    async def _check_resume(self, req: VerifyRequest, result: JobVerification) -> bool:
+    async def _check_resume(self, req: VerifyRequest, run_dir: str, result: JobVerification) -> bool:
         """Adds what is not yet right about the resume; True when it resumed from the wrong checkpoint."""
-        run_dir = req.snapshot.checkpoint_dir
-        assert run_dir
         records = [r for r in await self._checkpoints.resume_records(run_dir)
                    if r.restart_count == req.expected_restart_count]
         if not records:
@@ -159,9 +174,8 @@ class JobActivities:
             return False
         resume = result.resume = records[-1]
         result.resumed_at = resume.started_at
-        # What the job should have loaded: the newest checkpoint complete when it started.
-        expected, _ = await self._checkpoints.latest_complete(run_dir, created_before=resume.started_at)
-        result.expected_checkpoint = expected
+        # What the job should have loaded: the newest checkpoint complete when it stopped.
+        expected = result.expected_checkpoint = req.requeue.latest_complete_at_stop
         expected_id = expected.checkpoint_id if expected else None
         wrong_checkpoint = resume.checkpoint_id != expected_id
         if wrong_checkpoint:

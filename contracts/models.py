@@ -246,8 +246,13 @@ class SpareWaitRequest(Contract):
 class VerifyRequest(Contract):
     snapshot: "JobSnapshot"
     failed_node: NodeName
-    expected_restart_count: int
+    requeue: "RequeueResult"
     deadline_seconds: float
+
+    @property
+    def expected_restart_count(self) -> int:
+        """Recovery requeues a job exactly once."""
+        return self.snapshot.job.restart_count + 1
 
 
 # --- what activities report back -------------------------------------------------------------
@@ -293,6 +298,9 @@ class RequeueResult(Contract):
     job_id: JobId
     requeued_now: bool = Field(description="false when an earlier attempt had already requeued it")
     restart_count: int
+    latest_complete_at_stop: CheckpointRef | None = Field(
+        None, description="the newest complete checkpoint once every process of the job had exited"
+    )
     actions: list[ActionRecord]
 
 

@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,9 +24,10 @@ from temporalio.client import Client, WorkflowHandle
 from activities.xid_policy import XidPolicyTable
 from backends.slurm import SlurmCli
 from backends.replacement import SPARE_STANDBY_REASON
-from contracts.models import FaultClass, IncidentReport, NodeFailureAlert, RecoveryPolicy
+from contracts.models import FaultClass, IncidentReport, NodeFailureAlert, RecoveryPolicy, SlurmJob
 from starter.alerts import raise_alert
 from starter.localstack import REPO, LocalStack, StackError, wait_async
+from workflows.node_recovery import NodeRecoveryWorkflow
 from trainer import checkpoint as ckpt
 
 DRILL_JOB_NAME = "recovery-drill"
@@ -95,8 +96,10 @@ class Drill:
     async def run(self, opts: DrillOptions) -> DrillResult:
         return await self.finish(await self.start(opts), opts.timeout_seconds)
 
-    async def start(self, opts: DrillOptions) -> DrillRun:
-        """Everything up to the alert: a training job with checkpoints, a failed GPU, the alert."""
+    async def start(self, opts: DrillOptions,
+                    before_fault: Callable[[SlurmJob, str], Awaitable[None]] | None = None) -> DrillRun:
+        """Everything up to the alert: a training job with checkpoints, a failed GPU, the alert.
+        `before_fault(job, node)` lets a test set a scene (say, an operator's drain) first."""
         fault_class = self.xid_table.classify(opts.xid).fault_class
         await self.reset_cluster()
         run_dir = self.stack.state_dir / "drills" / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
@@ -107,6 +110,8 @@ class Drill:
                          f"{opts.checkpoints_before_failure} complete checkpoints")
         node = opts.node or job.nodes[-1]
         self._log(f"job {job_id} runs on {','.join(job.nodes)}; failing {node} with XID {opts.xid} ({fault_class})")
+        if before_fault is not None:
+            await before_fault(job, node)
 
         self.inject_fault(node, opts.xid, gpu_lost=fault_class == FaultClass.FATAL)
         corrupted = None
@@ -119,7 +124,7 @@ class Drill:
 
         alert = NodeFailureAlert(
             node=node, xid=opts.xid, source="drill", actor=f"drill by {getpass.getuser()}",
-            reason=f"drill: injected XID {opts.xid} on {node}", message="NVRM: Xid (drill)",
+            reason=f"injected XID {opts.xid} on {node}", message="NVRM: Xid (drill)",
         )
         handle = await raise_alert(self.client, alert, self.stack.task_queue, self.policy)
         self._log(f"alert sent: incident workflow {handle.id}")
@@ -199,8 +204,7 @@ class Drill:
                 result.cancel()
                 raise StackError(f"the incident did not finish within {timeout:.0f} s (see `recovery status`)")
             try:
-                status = await handle.query("status")
-                phase = status["phase"] if isinstance(status, dict) else status.phase
+                phase = (await handle.query(NodeRecoveryWorkflow.status)).phase
             except Exception:  # the query can race the run's start; the next poll will answer
                 phase = seen
             if phase != seen:

@@ -131,9 +131,12 @@ class LocalStack:
         self.start_worker(cluster)
         return cluster
 
+    def stop_worker(self) -> None:
+        _terminate(self._pidfile("worker"))
+
     def down(self) -> None:
-        for name in ("worker", "temporal"):
-            _terminate(self._pidfile(name))
+        self.stop_worker()
+        _terminate(self._pidfile("temporal"))
         self.stop_slurm()
 
     def status(self) -> dict[str, bool]:

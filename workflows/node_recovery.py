@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         RecoveryRequest,
         ReplacementRequest,
         RequeueRequest,
+        RequeueResult,
         SignalRequest,
         SpareResult,
         SpareWaitRequest,
@@ -55,7 +56,7 @@ SLURM_RETRY = RetryPolicy(
     non_retryable_error_types=["SlurmNotFound", "Unsupported", "ValidationError"],
 )
 SLURM_CALL = dict(
-    start_to_close_timeout=timedelta(seconds=60),
+    start_to_close_timeout=timedelta(seconds=30),
     schedule_to_close_timeout=timedelta(minutes=10),
     retry_policy=SLURM_RETRY,
 )
@@ -154,7 +155,7 @@ class NodeRecoveryWorkflow:
         else:
             self._skip("grace", f"{cls.fault_class.value} XID: the GPU is gone, no checkpoint to wait for")
 
-        await self._step("requeue", self._requeue(jobs, req.node, ctx))
+        requeued = await self._step("requeue", self._requeue(jobs, req.node, ctx))
         if fence.owned_by_other:
             self._skip("mark_down", "left as found: drained by someone else")
         else:
@@ -180,7 +181,8 @@ class NodeRecoveryWorkflow:
             ))
             self._note(spare.detail)
 
-        verifications = await self._step("verify", self._verify(jobs, req.node, policy.verify_deadline_seconds))
+        verifications = await self._step("verify", self._verify(jobs, requeued, req.node,
+                                                                 policy.verify_deadline_seconds))
         self._note("; ".join(f"job {v.job_id}: {'ok' if v.verified else ', '.join(v.why_not)}" for v in verifications))
         outcome = _outcome(replacement.detail if replacement.node is None else None, spare, verifications)
         return self._finish(first, "recover", outcome, jobs, verifications, spare)
@@ -227,22 +229,25 @@ class NodeRecoveryWorkflow:
                 w.cancel()
             self._note(f"grace period of {grace_seconds:.0f} s ended; {late} job(s) without a new checkpoint")
 
-    async def _requeue(self, jobs: list[JobSnapshot], node: str, ctx: ActionContext) -> None:
+    async def _requeue(self, jobs: list[JobSnapshot], node: str, ctx: ActionContext) -> list[RequeueResult]:
+        results = []
         for snap in jobs:
             result = await workflow.execute_activity_method(
                 JobActivities.requeue_job, RequeueRequest(job=snap.job, failed_node=node, ctx=ctx),
                 heartbeat_timeout=HEARTBEAT, **SLURM_CALL,
             )
             self._actions.extend(result.actions)
+            results.append(result)
         self._note(f"{len(jobs)} job(s) requeued off {node}")
+        return results
 
-    async def _verify(self, jobs: list[JobSnapshot], node: str, deadline: float) -> list[JobVerification]:
+    async def _verify(self, jobs: list[JobSnapshot], requeued: list[RequeueResult], node: str,
+                      deadline: float) -> list[JobVerification]:
         results = []
-        for snap in jobs:
+        for snap, requeue in zip(jobs, requeued):
             results.append(await workflow.execute_activity_method(
                 JobActivities.verify_restart,
-                VerifyRequest(snapshot=snap, failed_node=node,
-                              expected_restart_count=snap.job.restart_count + 1, deadline_seconds=deadline),
+                VerifyRequest(snapshot=snap, failed_node=node, requeue=requeue, deadline_seconds=deadline),
                 start_to_close_timeout=timedelta(seconds=deadline + 60),
                 heartbeat_timeout=HEARTBEAT, retry_policy=SLURM_RETRY,
             ))

@@ -25,7 +25,7 @@ _UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Conne
 class SlurmCli:
     path = "cli"
 
-    def __init__(self, slurm_conf: str | None = None, timeout: float = 30.0, bin_dir: str = ""):
+    def __init__(self, slurm_conf: str | None = None, timeout: float = 20.0, bin_dir: str = ""):
         self._env = dict(os.environ)
         if slurm_conf:
             self._env["SLURM_CONF"] = slurm_conf

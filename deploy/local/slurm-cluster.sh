@@ -256,8 +256,13 @@ cmd_stop() {
     pkill -KILL -P "$(cat "$f")" 2>/dev/null || true
     kill_pidfile "$f" KILL
   done
-  # job processes of a node without its own namespace: everything that runs from its spool
-  pkill -KILL -f "slurmstepd: \[" 2>/dev/null || true
+  # Without PID namespaces a node's job processes outlive its slurmd: find this cluster's
+  # slurmstepd by their sockets in its spool directory, and kill them with their children.
+  local pid
+  for pid in $(ss -xlpn 2>/dev/null | grep -F "$BASE/spool/" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
+    pkill -KILL -P "$pid" 2>/dev/null || true
+    kill -KILL "$pid" 2>/dev/null || true
+  done
   kill_pidfile "$BASE/run/munged.pid"
   wait_gone "$BASE/run/slurmrestd.pid" "$BASE/run/slurmctld.pid" "$BASE"/run/node-*.pid "$BASE/run/munged.pid"
   rm -f "$BASE/knobs"

@@ -64,3 +64,48 @@ async def test_application_xid_leaves_node_and_job_alone(drill, recovery_worker)
     assert result.passed, result.checks
     assert [p.name for p in r.phases] == ["classify"]
     assert r.actions == []
+
+
+async def test_unknown_xid_drains_keeps_the_job_and_escalates(drill, recovery_worker):
+    result = await drill.run(DrillOptions(xid=45))
+    r = result.report
+    assert (r.fault_class.value, r.action) == ("unknown", "fence_and_escalate")
+    assert r.outcome.startswith("escalated"), r.outcome
+    assert result.passed, result.checks
+    node = await drill.slurm.get_node(r.node)
+    assert node.drained and node.reason.startswith(f"recovery: XID 45 ")
+    job = await drill.slurm.get_job(result.job_id)
+    assert job.restart_count == 0
+
+
+async def test_degrading_xid_waits_for_the_emergency_checkpoint_and_loses_nothing(
+    drill, recovery_worker, settings
+):
+    # A long grace period that must end early: the job checkpoints on SIGUSR1 within a step.
+    drill.policy = settings.model_copy(update={"degrading_grace_seconds": 120.0}).policy()
+    result = await drill.run(DrillOptions(xid=94))
+    r = result.report
+    assert r.outcome == "recovered", r.model_dump_json(indent=1)
+    grace = next(p for p in r.phases if p.name == "grace")
+    assert grace.result == "1 job(s) checkpointed within the grace period"
+    assert (grace.ended_at - grace.started_at).total_seconds() < 10
+    # The emergency checkpoint on SIGUSR1, then one more on the requeue's SIGTERM: nothing lost.
+    assert r.lost_steps == 0 and r.lost_seconds == 0
+    assert r.resumed_step % 10 != 0 or r.resumed_step > 20  # an emergency checkpoint, not only periodic
+
+
+async def test_node_drained_by_someone_else_is_left_as_found(drill, recovery_worker):
+    operator_reason = "admin: PSU replacement scheduled"
+
+    async def operator_drains(job, node):
+        await drill.slurm.update_node(node, "DRAIN", operator_reason)
+
+    run = await drill.start(DrillOptions(xid=79), before_fault=operator_drains)
+    result = await drill.finish(run, 300)
+    r = result.report
+    assert r.outcome == "recovered", r.model_dump_json(indent=1)
+    drain = next(a for a in r.actions if a.action == "drain_node")
+    assert drain.path == "none" and operator_reason in drain.detail
+    assert next(p for p in r.phases if p.name == "mark_down").result.startswith("skipped")
+    node = await drill.slurm.get_node(r.node)
+    assert node.reason == operator_reason and node.state != "down"
