@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The two commands of this project, each doing all the set-up it needs on a fresh Debian 12/13
+# machine (as root: Slurm comes from Debian's packages):
+#
+#   ./dev.sh drill [--xid 79] [--node NODE] [--corrupt-latest-checkpoint] [--json]
+#       a recovery drill on the embedded local stack (Temporal dev server, Slurm, worker)
+#   ./dev.sh test [pytest arguments]
+#       the test suite (starts and stops every service it needs)
+#
+# Set-up: Debian packages (Slurm, munge, curl, python3-venv), then a virtual environment in .venv
+# with the project and its pinned dependencies. Both steps are skipped when already done.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+DEB_PACKAGES=(slurmctld slurmd slurm-client slurmrestd munge slurm-wlm-jwt-plugin curl iproute2 python3-venv)
+
+say() { echo "dev.sh: $*" >&2; }
+
+install_debian_packages() {
+  local missing=()
+  for p in "${DEB_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" -ne 0 ]; then
+    say "missing Debian packages: ${missing[*]}; run as root or install them first"; exit 1
+  fi
+  say "installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+install_python_env() {
+  local stamp=.venv/.installed-from
+  local want
+  want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+  if [ -x .venv/bin/python ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    return 0
+  fi
+  say "creating .venv and installing the project"
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[test]'
+  echo "$want" > "$stamp"
+}
+
+setup() {
+  install_debian_packages
+  install_python_env
+}
+
+case "${1:-}" in
+  drill) shift; setup; exec .venv/bin/recovery drill "$@" ;;
+  test) shift; setup; exec .venv/bin/python -m pytest "$@" ;;
+  setup) setup ;;
+  *) echo "usage: $0 drill [options] | test [pytest arguments] | setup" >&2; exit 2 ;;
+esac
