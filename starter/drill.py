@@ -152,7 +152,7 @@ class Drill:
             if node.name in spares:
                 if node.comment:
                     await self.slurm.set_node_comment(node.name, "")
-                if not node.reason.endswith(SPARE_STANDBY_REASON):
+                if not (node.drained and node.reason.endswith(SPARE_STANDBY_REASON)):
                     await self.slurm.update_node(node.name, "DRAIN", f"{self.policy.owner}: {SPARE_STANDBY_REASON}")
             elif node.drained or node.state == "down":
                 await self.slurm.update_node(node.name, "RESUME", None)

@@ -8,6 +8,12 @@ import hostlist
 
 from contracts.models import SlurmJob, SlurmNode
 
+# The fields read below, for the contract tests against each slurmrestd's OpenAPI document.
+# (22.05 keeps node flags in `state_flags`, newer versions in the `state` list.)
+NODE_FIELDS = ("name", "state", "reason", "comment")
+JOB_FIELDS = ("job_id", "job_state", "nodes", "restart_cnt", "requeue", "comment", "priority",
+              "state_reason", "name", "excluded_nodes")
+
 # Flags that newer Slurm reports inside the state list instead of a separate field.
 _BASE_NODE_STATES = {
     "IDLE", "MIXED", "ALLOCATED", "DOWN", "ERROR", "FUTURE", "UNKNOWN", "COMPLETING",
@@ -50,7 +56,6 @@ def job_from_json(raw: dict[str, Any]) -> SlurmJob:
     state = raw.get("job_state")
     if isinstance(state, list):  # 23.02+: ["PENDING", "REQUEUED"]
         state = state[0] if state else "UNKNOWN"
-    excluded = raw.get("excluded_nodes", raw.get("exclude")) or ""
     return SlurmJob(
         job_id=_number(raw["job_id"]),
         name=raw.get("name") or "",
@@ -60,6 +65,6 @@ def job_from_json(raw: dict[str, Any]) -> SlurmJob:
         restart_count=_number(raw.get("restart_cnt")),
         requeue=bool(raw.get("requeue", True)),
         comment=raw.get("comment") or "",
-        excluded_nodes=expand_nodes(excluded),
+        excluded_nodes=expand_nodes(raw.get("excluded_nodes")),
         priority=_number(raw.get("priority")),
     )

@@ -16,10 +16,33 @@ from backends.slurm.api import (
 from backends.slurm.parse import job_from_json, node_from_json
 from contracts.models import SlurmJob, SlurmNode
 
-# What each OpenAPI version of slurmrestd can do for a recovery. v0.0.38 (Slurm 22.05) cannot
-# update nodes and no version can requeue a job; those go through the CLI.
+_JOB_READS = frozenset({"ping", "list_jobs", "get_job"})
+_READS = _JOB_READS | {"get_node"}
+_NODE_UPDATES = frozenset({"update_node", "set_node_comment"})
+# What each OpenAPI version of slurmrestd can do for a recovery (measured on 22.05.8 and 24.11.5).
+# No version can requeue a job: that always goes through the CLI. v0.0.38 (22.05) cannot update
+# nodes, and its node schema has no `comment` (where a spare's claim is kept): nodes are read
+# with the CLI there. v0.0.40 and v0.0.41 answer a failed signal with HTTP 200 and no error at all, so signals
+# go over REST only with v0.0.42, which reports the failure in `status[]`.
 KNOWN_VERSIONS: dict[str, frozenset[str]] = {
-    "v0.0.38": frozenset({"get_node", "list_jobs", "get_job", "signal_job"}),
+    "v0.0.38": _JOB_READS | {"signal_job"},
+    "v0.0.40": _READS | _NODE_UPDATES,
+    "v0.0.41": _READS | _NODE_UPDATES,
+    "v0.0.42": _READS | _NODE_UPDATES | {"signal_job"},
+}
+
+
+# Every request this client makes, by operation: method, path under /slurm/{version}, the query
+# parameters and body fields it may send. The contract tests check each against the OpenAPI
+# document that the running slurmrestd serves, so a renamed field fails a test, not a recovery.
+ENDPOINTS: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
+    "ping": ("GET", "/ping", (), ()),
+    "get_node": ("GET", "/node/{node_name}", (), ()),
+    "list_jobs": ("GET", "/jobs", (), ()),
+    "get_job": ("GET", "/job/{job_id}", (), ()),
+    "update_node": ("POST", "/node/{node_name}", (), ("state", "reason")),
+    "set_node_comment": ("POST", "/node/{node_name}", (), ("comment",)),
+    "signal_job": ("DELETE", "/job/{job_id}", ("signal", "flags"), ()),
 }
 
 
@@ -38,13 +61,15 @@ class SlurmRest:
         await self._http.aclose()
 
     async def discover(self) -> str:
-        """Pick the newest API version that both the server serves and this client knows."""
+        """Pick the newest API version that both the server serves and this client knows, and
+        check that the token is accepted (the OpenAPI document itself needs no token)."""
         doc = await self._request("GET", "/openapi/v3")
         served = {p.split("/")[2] for p in doc.get("paths", {}) if p.startswith("/slurm/v")}
         usable = sorted(served & KNOWN_VERSIONS.keys(), key=lambda v: [int(x) for x in v[1:].split(".")])
         if not usable:
             raise Unsupported(f"slurmrestd serves {sorted(served)}; this client knows {sorted(KNOWN_VERSIONS)}")
         self.version = usable[-1]
+        await self._call("ping")
         return self.version
 
     def supports(self, operation: str) -> bool:
@@ -68,38 +93,53 @@ class SlurmRest:
             raise SlurmError(f"{method} {url}: {resp.status_code} {errors or resp.text[:200]}")
         return body
 
-    def _url(self, operation: str, path: str) -> str:
+    async def _call(self, operation: str, params: dict[str, str] | None = None,
+                    body: dict[str, Any] | None = None, **path_params: str | int) -> dict[str, Any]:
         if not self.supports(operation):
             raise Unsupported(f"slurmrestd {self.version} cannot {operation}")
-        return f"/slurm/{self.version}{path}"
+        method, path, _, _ = ENDPOINTS[operation]
+        url = f"/slurm/{self.version}" + path.format(**path_params)
+        return await self._request(method, url, params=params, json=body)
 
     async def get_node(self, name: str) -> SlurmNode:
-        body = await self._request("GET", self._url("get_node", f"/node/{name}"))
+        body = await self._call("get_node", node_name=name)
         nodes = body.get("nodes") or []
         if not nodes:
             raise SlurmNotFound(f"node {name} is not in this cluster")
         return node_from_json(nodes[0])
 
     async def list_jobs(self) -> list[SlurmJob]:
-        body = await self._request("GET", self._url("list_jobs", "/jobs"))
+        body = await self._call("list_jobs")
         return [job_from_json(raw) for raw in body.get("jobs") or []]
 
     async def get_job(self, job_id: int) -> SlurmJob:
-        body = await self._request("GET", self._url("get_job", f"/job/{job_id}"))
+        body = await self._call("get_job", job_id=job_id)
         jobs = body.get("jobs") or []
         if not jobs:
             raise SlurmNotFound(f"job {job_id} is not known to slurmctld")
         return job_from_json(jobs[0])
 
     async def update_node(self, name: str, state: NodeUpdate, reason: str | None) -> None:
-        raise Unsupported(f"slurmrestd {self.version} cannot update nodes")
+        body: dict[str, Any] = {"state": [state]}
+        if reason is not None:
+            body["reason"] = reason
+        await self._call("update_node", body=body, node_name=name)
 
     async def set_node_comment(self, name: str, comment: str) -> None:
-        raise Unsupported(f"slurmrestd {self.version} cannot update nodes")
+        await self._call("set_node_comment", body={"comment": comment}, node_name=name)
 
     async def signal_job(self, job_id: int, signal: str) -> None:
-        # DELETE with a signal reaches the batch shell and every step, like scancel --full.
-        await self._request("DELETE", self._url("signal_job", f"/job/{job_id}"), params={"signal": signal})
+        # The batch shell and every step, like scancel --full (v0.0.38 has no flags: it does that).
+        params = {"signal": signal}
+        if self.version != "v0.0.38":
+            params["flags"] = "FULL_JOB"
+        body = await self._call("signal_job", params=params, job_id=job_id)
+        # 24.11 answers 200 for a failed signal; v0.0.42 says why in status[].error.
+        failures = [s["error"] for s in body.get("status") or [] if (s.get("error") or {}).get("code")]
+        if any("Invalid job id" in str(f.get("string")) for f in failures):
+            raise SlurmNotFound(f"job {job_id}: {failures}")
+        if failures:
+            raise SlurmError(f"signal {signal} to job {job_id} failed: {failures}")
 
     async def requeue_hold(self, job_id: int) -> None:
         raise Unsupported("slurmrestd has no requeue")

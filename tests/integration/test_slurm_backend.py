@@ -1,0 +1,141 @@
+"""The Slurm backends against a real cluster: each operation, its routing (REST where the
+server's API version can, CLI otherwise), its errors, and the REST client's contract with the
+OpenAPI document the running slurmrestd serves."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from backends.slurm import SlurmCli, SlurmClient, SlurmNotFound, SlurmRest, SlurmUnavailable
+from backends.slurm.parse import JOB_FIELDS, NODE_FIELDS
+from backends.slurm.rest import ENDPOINTS, KNOWN_VERSIONS
+
+pytestmark = pytest.mark.slurm
+COMPUTE_NODE = "gpu-4"  # no drill job lands here while a test runs alone
+
+
+@pytest.fixture
+async def backends(slurm_cluster):
+    cli = SlurmCli(slurm_conf=slurm_cluster["SLURM_CONF"], bin_dir=slurm_cluster.get("SLURM_BIN_DIR", ""))
+    rest = SlurmRest(slurm_cluster["SLURMRESTD_URL"], slurm_cluster["SLURMRESTD_USER"],
+                     slurm_cluster["SLURMRESTD_TOKEN"])
+    await rest.discover()
+    yield cli, rest, SlurmClient(cli, rest)
+    await rest.aclose()
+
+
+@pytest.fixture
+async def openapi(slurm_cluster) -> dict:
+    async with httpx.AsyncClient() as http:
+        resp = await http.get(f"{slurm_cluster['SLURMRESTD_URL']}/openapi/v3", headers={
+            "X-SLURM-USER-NAME": slurm_cluster["SLURMRESTD_USER"],
+            "X-SLURM-USER-TOKEN": slurm_cluster["SLURMRESTD_TOKEN"],
+        })
+        resp.raise_for_status()
+        return resp.json()
+
+
+async def test_rest_picks_the_newest_version_it_knows(backends, openapi):
+    _, rest, _ = backends
+    served = {p.split("/")[2] for p in openapi["paths"] if p.startswith("/slurm/v")}
+    assert rest.version == max(served & KNOWN_VERSIONS.keys(), key=lambda v: int(v.rsplit(".", 1)[1]))
+
+
+async def test_each_operation_takes_the_path_its_version_allows(backends):
+    cli, rest, client = backends
+    for operation in ("get_node", "list_jobs", "get_job", "update_node", "signal_job", "requeue_hold",
+                      "set_excluded_nodes", "release_job", "set_node_comment"):
+        expected = "rest" if operation in KNOWN_VERSIONS[rest.version] else "cli"
+        assert client.path_for(operation) == expected, operation
+    assert client.path_for("requeue_hold") == "cli"  # no slurmrestd version can requeue
+
+
+async def test_drain_and_resume_round_trip_with_reason(backends):
+    cli, rest, client = backends
+    reason = "recovery: test drain by pytest"
+    await client.update_node(COMPUTE_NODE, "DRAIN", reason)
+    try:
+        node = await client.get_node(COMPUTE_NODE)
+        assert node.drained and not node.in_service and node.reason == reason
+    finally:
+        await client.update_node(COMPUTE_NODE, "RESUME", None)
+    node = await cli.get_node(COMPUTE_NODE)
+    assert not node.drained
+
+
+async def test_node_comment_marks_and_clears(backends):
+    cli, _, client = backends
+    await client.set_node_comment(COMPUTE_NODE, "recovery: spare for incident t")
+    assert (await cli.get_node(COMPUTE_NODE)).comment == "recovery: spare for incident t"
+    await client.set_node_comment(COMPUTE_NODE, "")
+    assert (await cli.get_node(COMPUTE_NODE)).comment == ""
+
+
+async def test_unknown_node_and_job_are_final_errors(backends):
+    cli, rest, client = backends
+    for backend in (cli, rest):
+        with pytest.raises(SlurmNotFound):
+            await backend.get_job(4_000_000)
+    with pytest.raises(SlurmNotFound):
+        await client.get_node("gpu-99")
+    with pytest.raises(SlurmNotFound):
+        await client.update_node("gpu-99", "DRAIN", "x")
+    with pytest.raises(SlurmNotFound):
+        await client.signal_job(4_000_000, "USR1")
+
+
+async def test_unreachable_or_unauthorised_rest_is_unavailable(slurm_cluster):
+    bad_token = SlurmRest(slurm_cluster["SLURMRESTD_URL"], "root", "not-a-token")
+    with pytest.raises(SlurmUnavailable):
+        await bad_token.discover()
+    await bad_token.aclose()
+    nobody = SlurmRest("http://127.0.0.1:9", "root", "x", timeout=2)
+    with pytest.raises(SlurmUnavailable):
+        await nobody.discover()
+    await nobody.aclose()
+
+
+# --- contract with the served OpenAPI document -------------------------------------------------
+
+
+def _resolve(doc: dict, schema: dict) -> dict:
+    while "$ref" in schema:
+        schema = doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    return schema
+
+
+def _operation(doc: dict, version: str, method: str, path: str) -> dict:
+    paths = doc["paths"]
+    key = next((k for k in (f"/slurm/{version}{path}", f"/slurm/{version}{path}/") if k in paths), None)
+    assert key is not None, f"{method} {path} is not served for {version}"
+    assert method.lower() in paths[key], f"{method} {path} is not allowed for {version}"
+    return paths[key][method.lower()]
+
+
+def _response_items(doc: dict, operation: dict, key: str) -> dict:
+    content = operation["responses"]["200"]["content"]["application/json"]["schema"]
+    listing = _resolve(doc, _resolve(doc, content)["properties"][key])
+    return _resolve(doc, listing["items"])["properties"]
+
+
+async def test_every_request_matches_the_served_openapi_document(backends, openapi):
+    _, rest, _ = backends
+    for operation in KNOWN_VERSIONS[rest.version]:
+        method, path, query, body = ENDPOINTS[operation]
+        op = _operation(openapi, rest.version, method, path)
+        served_query = {p["name"] for p in op.get("parameters", []) if p["in"] == "query"}
+        sent_query = {q for q in query if not (q == "flags" and rest.version == "v0.0.38")}
+        assert sent_query <= served_query, (operation, sent_query - served_query)
+        if body:
+            schema = _resolve(openapi, op["requestBody"]["content"]["application/json"]["schema"])
+            assert set(body) <= set(schema["properties"]), (operation, set(body) - set(schema["properties"]))
+
+
+async def test_every_field_read_is_in_the_served_response_schemas(backends, openapi):
+    _, rest, _ = backends
+    jobs = _response_items(openapi, _operation(openapi, rest.version, "GET", "/jobs"), "jobs")
+    assert set(JOB_FIELDS) <= set(jobs), set(JOB_FIELDS) - set(jobs)
+    if rest.supports("get_node"):
+        nodes = _response_items(openapi, _operation(openapi, rest.version, "GET", "/node/{node_name}"), "nodes")
+        assert set(NODE_FIELDS) <= set(nodes), set(NODE_FIELDS) - set(nodes)
