@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import timedelta
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from contracts.audit import record
 from backends.checkpoints import CheckpointStore
@@ -27,6 +29,7 @@ from contracts.models import (
     SignalRequest,
     SlurmJob,
     VerifyRequest,
+    utc_now,
 )
 
 POLL_SECONDS = 0.5
@@ -57,16 +60,18 @@ class JobActivities:
 
     @activity.defn
     async def wait_for_checkpoint(self, req: CheckpointWaitRequest) -> CheckpointWaitResult:
-        """Returns once a complete checkpoint newer than `after_step` exists; the workflow's
-        grace timer cancels it otherwise."""
-        started = time.monotonic()
-        while True:
-            latest, _ = await self._checkpoints.latest_complete(req.checkpoint_dir)
-            if latest is not None and (req.after_step is None or latest.step > req.after_step):
-                return CheckpointWaitResult(job_id=req.job_id, new_checkpoint=latest,
-                                            waited_seconds=time.monotonic() - started)
-            activity.heartbeat(latest.step if latest else None)
-            await asyncio.sleep(req.poll_seconds)
+        """One look for a complete checkpoint newer than `after_step`. Not there yet: a benign
+        failure, and the retry policy looks again after `poll_seconds`. Each look is short, so
+        the workflow's grace timer stays the only deadline and a worker crash loses nothing."""
+        latest, _ = await self._checkpoints.latest_complete(req.checkpoint_dir)
+        if latest is not None and (req.after_step is None or latest.step > req.after_step):
+            waited = utc_now() - activity.info().scheduled_time
+            return CheckpointWaitResult(job_id=req.job_id, new_checkpoint=latest,
+                                        waited_seconds=waited.total_seconds())
+        raise ApplicationError(
+            f"no complete checkpoint after step {req.after_step} yet", type="NoNewCheckpointYet",
+            category=ApplicationErrorCategory.BENIGN, next_retry_delay=timedelta(seconds=req.poll_seconds),
+        )
 
     @activity.defn
     async def requeue_job(self, req: RequeueRequest) -> RequeueResult:

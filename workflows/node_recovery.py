@@ -214,8 +214,8 @@ class NodeRecoveryWorkflow:
                     job_id=s.job.job_id, checkpoint_dir=s.checkpoint_dir,
                     after_step=s.latest_complete.step if s.latest_complete else None, poll_seconds=poll_seconds,
                 ),
-                start_to_close_timeout=timedelta(seconds=grace_seconds + 60),
-                heartbeat_timeout=HEARTBEAT, retry_policy=SLURM_RETRY,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(initial_interval=timedelta(seconds=poll_seconds), backoff_coefficient=1.0),
             )
             for s in jobs if s.checkpoint_dir
         ]

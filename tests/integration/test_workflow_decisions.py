@@ -1,0 +1,182 @@
+"""NodeRecoveryWorkflow's decisions and timers, on Temporal's time-skipping test server: the
+activities are stand-ins registered under the real activity names (the SDK's way to test a
+workflow's logic), so a 10-minute grace period takes no wall time."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime, timezone
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
+from temporalio.worker import Worker
+
+from contracts.models import (
+    ActionRecord,
+    CheckpointRef,
+    CheckpointWaitRequest,
+    CheckpointWaitResult,
+    FaultClass,
+    FaultClassification,
+    JobSnapshot,
+    JobVerification,
+    NodeFailureAlert,
+    NodeFenceResult,
+    NodeRequest,
+    RecoveryPolicy,
+    ReplacementRequest,
+    ReplacementResult,
+    RequeueRequest,
+    RequeueResult,
+    SignalRequest,
+    SlurmJob,
+    SlurmNode,
+    SpareResult,
+    SpareWaitRequest,
+    VerifyRequest,
+)
+from starter.alerts import raise_alert
+from workflows.node_recovery import NodeRecoveryWorkflow
+
+NOW = datetime(2026, 11, 30, tzinfo=timezone.utc)
+JOB = SlurmJob(job_id=42, state="RUNNING", nodes=["gpu-1", "gpu-2"], comment="checkpoint_dir=/ckpt/42")
+CHECKPOINT = CheckpointRef(checkpoint_id="step-000000020", step=20, train_seconds=4.0, created_at=NOW)
+
+
+def action(name: str) -> ActionRecord:
+    return ActionRecord(at=NOW, action=name, target="t", path="cli", actor="test", reason="test")
+
+
+class StandIns:
+    """Activities that answer like a healthy cluster; each test changes what it needs."""
+
+    def __init__(self, fault_class: FaultClass, checkpoint_arrives: bool = True, spare: str | None = "gpu-5",
+                 verified: bool = True):
+        self.fault_class, self.checkpoint_arrives, self.spare, self.verified = (
+            fault_class, checkpoint_arrives, spare, verified)
+        self.calls: list[str] = []
+        self.checkpoint_looks = 0
+
+    def activities(self) -> list:
+        @activity.defn(name="classify_fault")
+        async def classify_fault(xid: int) -> FaultClassification:
+            return FaultClassification(xid=xid, fault_class=self.fault_class, policy_source="test")
+
+        async def fence(req: NodeRequest, name: str) -> NodeFenceResult:
+            self.calls.append(name)
+            node = SlurmNode(name=req.node, state="idle", flags=["DRAIN"])
+            return NodeFenceResult(node=req.node, before=node, after=node, changed=True,
+                                   owned_by_other=False, action=action(name))
+
+        @activity.defn(name="drain_node")
+        async def drain_node(req: NodeRequest) -> NodeFenceResult:
+            return await fence(req, "drain_node")
+
+        @activity.defn(name="mark_node_down")
+        async def mark_node_down(req: NodeRequest) -> NodeFenceResult:
+            return await fence(req, "mark_node_down")
+
+        @activity.defn(name="find_jobs")
+        async def find_jobs(node: str) -> list[JobSnapshot]:
+            return [JobSnapshot(job=JOB, checkpoint_dir="/ckpt/42", latest_complete=CHECKPOINT, progress=None)]
+
+        @activity.defn(name="signal_job")
+        async def signal_job(req: SignalRequest) -> ActionRecord:
+            self.calls.append(f"signal_job {req.signal}")
+            return action("signal_job")
+
+        @activity.defn(name="wait_for_checkpoint")
+        async def wait_for_checkpoint(req: CheckpointWaitRequest) -> CheckpointWaitResult:
+            if self.checkpoint_arrives:
+                newer = CHECKPOINT.model_copy(update={"step": 23, "checkpoint_id": "step-000000023"})
+                return CheckpointWaitResult(job_id=req.job_id, new_checkpoint=newer, waited_seconds=0.2)
+            self.checkpoint_looks += 1
+            raise ApplicationError("no new checkpoint yet", type="NoNewCheckpointYet",
+                                   category=ApplicationErrorCategory.BENIGN)
+
+        @activity.defn(name="requeue_job")
+        async def requeue_job(req: RequeueRequest) -> RequeueResult:
+            self.calls.append("requeue_job")
+            return RequeueResult(job_id=req.job.job_id, requeued_now=True, restart_count=1,
+                                 latest_complete_at_stop=CHECKPOINT, actions=[action("requeue_hold")])
+
+        @activity.defn(name="request_replacement")
+        async def request_replacement(req: ReplacementRequest) -> ReplacementResult:
+            self.calls.append("request_replacement")
+            return ReplacementResult(node=self.spare, provider="test", detail="none left" if not self.spare else "")
+
+        @activity.defn(name="wait_for_spare")
+        async def wait_for_spare(req: SpareWaitRequest) -> SpareResult:
+            return SpareResult(node=req.node, healthy=True, in_service_at=NOW)
+
+        @activity.defn(name="verify_restart")
+        async def verify_restart(req: VerifyRequest) -> JobVerification:
+            self.calls.append("verify_restart")
+            return JobVerification(job_id=req.snapshot.job.job_id, verified=self.verified,
+                                   why_not=[] if self.verified else ["job is PENDING (Resources), not RUNNING"],
+                                   restart_count_before=0, restart_count_after=1,
+                                   nodes_before=JOB.nodes, nodes_after=["gpu-1", "gpu-3"])
+
+        return [classify_fault, drain_node, mark_node_down, find_jobs, signal_job, wait_for_checkpoint,
+                requeue_job, request_replacement, wait_for_spare, verify_restart]
+
+
+async def run_incident(env, stand_ins: StandIns, xid: int, grace: float = 600.0):
+    task_queue = f"decisions-{uuid.uuid4()}"
+    async with Worker(env.client, task_queue=task_queue, workflows=[NodeRecoveryWorkflow],
+                      activities=stand_ins.activities()):
+        alert = NodeFailureAlert(node="gpu-2", xid=xid, source="test", actor="pytest")
+        policy = RecoveryPolicy(degrading_grace_seconds=grace, spare_nodes=["gpu-5"])
+        handle = await raise_alert(env.client, alert, task_queue, policy)
+        return await handle.result()
+
+
+def phase(report, name: str):
+    return next(p for p in report.phases if p.name == name)
+
+
+async def test_ten_minute_grace_period_ends_on_its_durable_timer(time_skipping_env):
+    stand_ins = StandIns(FaultClass.DEGRADING, checkpoint_arrives=False)
+    started = time.monotonic()
+    report = await run_incident(time_skipping_env, stand_ins, xid=94, grace=600)
+    assert time.monotonic() - started < 30
+    grace = phase(report, "grace")
+    assert grace.result == "grace period of 600 s ended; 1 job(s) without a new checkpoint"
+    assert (grace.ended_at - grace.started_at).total_seconds() >= 600
+    assert stand_ins.checkpoint_looks > 100  # looked again every poll interval for ten minutes
+    assert report.outcome == "recovered"
+    # Checkpoint first, then move the job: the signal precedes the requeue.
+    assert stand_ins.calls.index("signal_job USR1") < stand_ins.calls.index("requeue_job")
+
+
+async def test_grace_period_ends_early_when_the_job_checkpoints(time_skipping_env):
+    report = await run_incident(time_skipping_env, StandIns(FaultClass.DEGRADING, checkpoint_arrives=True), xid=94)
+    grace = phase(report, "grace")
+    assert grace.result == "1 job(s) checkpointed within the grace period"
+    assert (grace.ended_at - grace.started_at).total_seconds() < 600
+
+
+async def test_fatal_xid_skips_the_grace_period(time_skipping_env):
+    report = await run_incident(time_skipping_env, StandIns(FaultClass.FATAL), xid=79)
+    assert phase(report, "grace").result.startswith("skipped: fatal XID")
+    assert report.outcome == "recovered"
+
+
+async def test_no_spare_left_is_reported_not_hidden(time_skipping_env):
+    stand_ins = StandIns(FaultClass.FATAL, spare=None)
+    report = await run_incident(time_skipping_env, stand_ins, xid=79)
+    assert report.outcome == "no_replacement: none left"
+    assert "verify_restart" in stand_ins.calls  # the jobs are still checked
+    assert all(p.name != "wait_for_spare" for p in report.phases)
+
+
+async def test_failed_verification_says_why(time_skipping_env):
+    report = await run_incident(time_skipping_env, StandIns(FaultClass.FATAL, verified=False), xid=79)
+    assert report.outcome == "failed_verification: job 42: job is PENDING (Resources), not RUNNING"
+
+
+async def test_application_xid_touches_nothing(time_skipping_env):
+    stand_ins = StandIns(FaultClass.APPLICATION)
+    report = await run_incident(time_skipping_env, stand_ins, xid=13)
+    assert (report.action, report.outcome, stand_ins.calls) == ("none", "no_node_action", [])
