@@ -16,13 +16,24 @@ from workflows.node_recovery import NodeRecoveryWorkflow, incident_workflow_id
 async def raise_alert(
     client: Client, alert: NodeFailureAlert, task_queue: str, policy: RecoveryPolicy
 ) -> WorkflowHandle[NodeRecoveryWorkflow, IncidentReport]:
+    return await raise_alerts(client, [alert], task_queue, policy)
+
+
+async def raise_alerts(
+    client: Client, alerts: list[NodeFailureAlert], task_queue: str, policy: RecoveryPolicy
+) -> WorkflowHandle[NodeRecoveryWorkflow, IncidentReport]:
+    """Alerts for one node, in one durable hand-over: when this returns, Temporal has them."""
+    nodes = {a.node for a in alerts}
+    if len(nodes) != 1:
+        raise ValueError(f"alerts for one node at a time, got {sorted(nodes)}")
+    node = nodes.pop()
     return await client.start_workflow(
         NodeRecoveryWorkflow.run,
-        RecoveryRequest(node=alert.node, policy=policy),
-        id=incident_workflow_id(alert.node),
+        RecoveryRequest(node=node, policy=policy),
+        id=incident_workflow_id(node),
         task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        start_signal="alert",
-        start_signal_args=[alert],
+        start_signal="alerts",
+        start_signal_args=[alerts],
     )

@@ -84,10 +84,16 @@ class NodeRecoveryWorkflow:
     @workflow.signal
     def alert(self, alert: NodeFailureAlert) -> None:
         """Every alert for this node joins the incident; the first one starts it."""
-        if alert.node == self._node or not self._node:
-            self._alerts.append(alert)
-        else:
-            workflow.logger.warning("ignored an alert for %s sent to the incident of %s", alert.node, self._node)
+        self.alerts([alert])
+
+    @workflow.signal
+    def alerts(self, alerts: list[NodeFailureAlert]) -> None:
+        """Several alerts at once, as a hook batches them during a storm."""
+        for alert in alerts:
+            if alert.node == self._node or not self._node:
+                self._alerts.append(alert)
+            else:
+                workflow.logger.warning("ignored an alert for %s sent to the incident of %s", alert.node, self._node)
 
     @workflow.query
     def status(self) -> IncidentStatus:
