@@ -79,3 +79,24 @@ async def test_worker_killed_mid_recovery_finishes_and_requeues_exactly_once(
     }
     assert any(i.startswith(f"{second_pid}@") for i in identities), (killed_in, identities)
     assert time.monotonic() - started < 120
+
+
+async def test_worker_stops_cleanly_on_sigterm(temporal_env, local_stack, slurm_cluster, settings):
+    address = temporal_env.client.service_client.config.target_host
+    stack = dataclasses.replace(local_stack, task_queue=settings.task_queue,
+                                temporal_port=int(address.rsplit(":", 1)[1]))
+    log = stack.state_dir / "worker.log"
+    offset = log.stat().st_size if log.exists() else 0
+    stack.start_worker(slurm_cluster)
+    pid = int((stack.state_dir / "worker.pid").read_text())
+    try:
+        await wait_async(lambda: asyncio.sleep(0, result="worker polling" in log.read_text()[offset:]),
+                         30, "the worker to poll")
+        os.kill(pid, signal.SIGTERM)
+        await wait_async(lambda: asyncio.sleep(0, result=not stack.worker_running()), 15, "the worker to exit")
+        _, status = os.waitpid(pid, 0)  # the worker is this process's child: collect its exit code
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        stack.stop_worker()
+    text = log.read_text()[offset:]
+    assert "stopping: finishing activities in flight" in text and text.rstrip().endswith("stopped")
