@@ -1,11 +1,16 @@
 """The embedded local stack for drills and tests: a Temporal dev server (sqlite file), the real
 local Slurm cluster (deploy/local/slurm-cluster.sh) and a worker process. Starting is idempotent:
 only what is missing is started. Every process is tracked by a pid file under the state dir.
+
+The cluster runs the host's Slurm generation, or (slurm_version) the other one from a Debian
+root of the release that ships it (deploy/local/slurm-root.sh), on ports of its own, so that
+both generations can run side by side on one machine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 import signal
@@ -18,6 +23,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SLURM_SCRIPT = REPO / "deploy" / "local" / "slurm-cluster.sh"
 HEALTH_SCRIPT = REPO / "deploy" / "local" / "gpu-health.sh"
+ROOT_SCRIPT = REPO / "deploy" / "local" / "slurm-root.sh"
+# Where the Debian roots of other Slurm generations are built once and kept.
+ROOT_CACHE = Path("/var/cache/training-recovery")
+# The Debian release whose packages give each supported Slurm generation.
+DEBIAN_RELEASE_OF_GENERATION = {"22.05": "bookworm", "24.11": "trixie"}
+# The other generation's cluster listens this far above slurm_port_base.
+OTHER_GENERATION_PORT_OFFSET = 1000
 
 
 class StackError(RuntimeError):
@@ -31,19 +43,70 @@ class LocalStack:
     ui_port: int = 8233
     slurm_port_base: int = 16800
     task_queue: str = "training-recovery"
+    # None: the host's Slurm; "22.05" or "24.11": that generation, from a Debian root if the
+    # host's is the other one
+    slurm_version: str | None = None
 
     @property
     def temporal_address(self) -> str:
         return f"127.0.0.1:{self.temporal_port}"
 
     @property
+    def slurm_generation(self) -> str:
+        """The Slurm generation this stack runs, e.g. "24.11"."""
+        if self.slurm_version is None:
+            return host_slurm_generation()
+        generation = _generation(self.slurm_version)
+        if generation not in DEBIAN_RELEASE_OF_GENERATION:
+            raise StackError(f"Slurm {self.slurm_version} is not supported: "
+                             f"choose one of {', '.join(DEBIAN_RELEASE_OF_GENERATION)}")
+        return generation
+
+    @property
+    def slurm_root(self) -> Path | None:
+        """The Debian root Slurm runs from, or None for the host's own Slurm."""
+        if self.slurm_version is None or self.slurm_generation == host_slurm_generation():
+            return None
+        return ROOT_CACHE / f"slurm-root-{DEBIAN_RELEASE_OF_GENERATION[self.slurm_generation]}"
+
+    @property
     def slurm_base(self) -> Path:
-        return self.state_dir / "slurm"
+        # the other generation's cluster has a base of its own, so both run from one state dir
+        if self.slurm_root is None:
+            return self.state_dir / "slurm"
+        return self.state_dir / f"slurm-{self.slurm_generation}"
+
+    @property
+    def cluster_port_base(self) -> int:
+        """The cluster's SLURM_PORT_BASE: the other generation's sits above the host's."""
+        return self.slurm_port_base + (0 if self.slurm_root is None else OTHER_GENERATION_PORT_OFFSET)
 
     @property
     def fault_dir(self) -> Path:
         """Where drills mark a (fake) GPU as failed; the reference job reads it."""
         return self.slurm_base / "faults"
+
+    @property
+    def drills_dir(self) -> Path:
+        """Run directories of drill jobs: under the cluster's base, so at the same path for jobs
+        running in a Debian root."""
+        return self.slurm_base / "drills"
+
+    @property
+    def trainer_python(self) -> str:
+        """The python that runs the reference training job on the cluster's nodes."""
+        return sys.executable if self.slurm_root is None else "/usr/bin/python3"
+
+    @property
+    def trainer_pythonpath(self) -> str:
+        """Where the nodes import the trainer package from: the repo, or in a root the copy
+        that start_slurm keeps in the cluster's base."""
+        return str(REPO) if self.slurm_root is None else str(self.slurm_base / "lib")
+
+    @property
+    def trainer_script(self) -> Path:
+        """The reference job's batch script, as sbatch on this cluster can read it."""
+        return Path(self.trainer_pythonpath) / "trainer" / "reference-job.sbatch"
 
     def _pidfile(self, name: str) -> Path:
         return self.state_dir / f"{name}.pid"
@@ -72,16 +135,35 @@ class LocalStack:
     # --- Slurm -------------------------------------------------------------------------------
 
     def slurm_env(self) -> dict[str, str]:
-        env = {**os.environ, "SLURM_BASE": str(self.slurm_base), "SLURM_PORT_BASE": str(self.slurm_port_base)}
-        return env
+        root = self.slurm_root
+        return {**os.environ, "SLURM_BASE": str(self.slurm_base), "SLURM_PORT_BASE": str(self.cluster_port_base),
+                "SLURM_ROOT": "" if root is None else str(root)}
 
     def start_slurm(self) -> dict[str, str]:
-        """Starts the cluster (installing Debian's packages if missing); returns its environment."""
-        result = subprocess.run(["bash", str(SLURM_SCRIPT), "start"], env=self.slurm_env(),
-                                capture_output=True, text=True, timeout=600)
-        if result.returncode != 0:
-            raise StackError(f"the local Slurm cluster did not start: {result.stderr.strip()}")
+        """Starts the cluster (installing Debian's packages, or building the Debian root, if
+        missing); returns its environment."""
+        root = self.slurm_root
+        if root is not None:
+            release = DEBIAN_RELEASE_OF_GENERATION[self.slurm_generation]
+            _run_script([str(ROOT_SCRIPT), "build", str(root), release], os.environ.copy(),
+                        f"the Debian {release} root for Slurm {self.slurm_generation} was not built", timeout=1200)
+        _run_script([str(SLURM_SCRIPT), "start"], self.slurm_env(), "the local Slurm cluster did not start", timeout=600)
+        if root is not None:
+            self._sync_trainer()
         return self.cluster_env()
+
+    def _sync_trainer(self) -> None:
+        # A fresh copy next to the old one, then swapped in, so a job never imports half a copy.
+        lib = self.slurm_base / "lib"
+        lib.mkdir(parents=True, exist_ok=True)
+        fresh, old = lib / "trainer.new", lib / "trainer.old"
+        shutil.rmtree(fresh, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+        shutil.copytree(REPO / "trainer", fresh, ignore=shutil.ignore_patterns("__pycache__"))
+        if (lib / "trainer").exists():
+            (lib / "trainer").rename(old)
+        fresh.rename(lib / "trainer")
+        shutil.rmtree(old, ignore_errors=True)
 
     def cluster_env(self) -> dict[str, str]:
         env_file = self.slurm_base / "env.sh"
@@ -93,6 +175,13 @@ class LocalStack:
                 key, _, value = line[len("export "):].partition("=")
                 values[key] = value
         return values
+
+    def slurm_cli_env(self, cluster: dict[str, str]) -> dict[str, str]:
+        """The environment for running this cluster's Slurm commands (scontrol, sbatch, ...)."""
+        env = {**os.environ, **cluster}
+        if cluster.get("SLURM_BIN_DIR"):
+            env["PATH"] = cluster["SLURM_BIN_DIR"] + os.pathsep + env.get("PATH", os.defpath)
+        return env
 
     def stop_slurm(self) -> None:
         subprocess.run(["bash", str(SLURM_SCRIPT), "stop"], env=self.slurm_env(),
@@ -107,6 +196,7 @@ class LocalStack:
             "TEMPORAL_ADDRESS": self.temporal_address,
             "RECOVERY_TASK_QUEUE": self.task_queue,
             "RECOVERY_SPARE_NODES": cluster.get("SLURM_SPARE_NODES", ""),
+            "RECOVERY_SLURM_BIN_DIR": cluster.get("SLURM_BIN_DIR", ""),
             "RECOVERY_HEALTH_CHECK": self.health_check,
             "PYTHONPATH": str(REPO),
         }
@@ -151,6 +241,28 @@ class LocalStack:
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     start_new_session=True, cwd=REPO)
         self._pidfile(name).write_text(str(proc.pid))
+
+
+@functools.cache
+def host_slurm_version() -> str:
+    """The version of the host's Slurm, e.g. "22.05.8" (installing Debian's packages if missing)."""
+    env = {**os.environ, "SLURM_ROOT": ""}
+    return _run_script([str(SLURM_SCRIPT), "version"], env, "the host's Slurm version is unknown", timeout=600)
+
+
+def host_slurm_generation() -> str:
+    return _generation(host_slurm_version())
+
+
+def _generation(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def _run_script(argv: list[str], env: dict[str, str], what: str, timeout: float) -> str:
+    result = subprocess.run(["bash", *argv], env=env, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise StackError(f"{what}: {result.stderr.strip()}")
+    return result.stdout.strip()
 
 
 def _alive(pidfile: Path) -> bool:

@@ -4,27 +4,65 @@
 # that killing a node kills its jobs as a host death would), and slurmrestd with JWT on
 # 127.0.0.1. Nothing goes to /etc: every daemon reads $BASE/etc/slurm.conf.
 #
-#   slurm-cluster.sh start|stop|status|env
+# Slurm runs from the host's packages, or from a Debian root of another release
+# (SLURM_ROOT, built by slurm-root.sh) to run the other Slurm generation side by side. In a
+# root, every daemon and client runs as `unshare --mount-proc=ROOT/proc -- chroot ROOT ...`:
+# its /proc is mounted in a private mount namespace that dies with it, so nothing is ever
+# mounted in the host's. BASE is then a real directory inside the root (ROOT$BASE) and a host
+# symlink to it, so every path (config, logs, job output, checkpoints) is the same inside and
+# out. Client wrappers in $BASE/bin run the root's Slurm commands for this cluster.
+# What differs between Slurm generations is keyed on the version of the binaries
+# (slurmctld -V), never on the Debian release.
+#
+#   slurm-cluster.sh start|stop|status|env|version
 #
 # Knobs (environment): SLURM_BASE (/tmp/training-recovery/slurm), SLURM_NODES (4),
-# SLURM_SPARES (1), SLURM_PORT_BASE (16800: ctld +17, restd +20, slurmd +101..).
-# start is idempotent: a running cluster with the same knobs is left alone; with other
-# knobs it is restarted. stop kills only processes whose pid files live under SLURM_BASE.
+# SLURM_SPARES (1), SLURM_PORT_BASE (16800: ctld +17, restd +20, slurmd +101..),
+# SLURM_ROOT (empty: the host's Slurm). start is idempotent: a running cluster with the same
+# knobs is left alone; with other knobs it is restarted (a BASE keeps its SLURM_ROOT: stop it
+# and remove BASE to move it). stop kills only processes of this BASE: those in its pid files,
+# its nodes' namespaces, and (in a root) the root's processes configured by its slurm.conf.
 set -euo pipefail
 
 BASE=${SLURM_BASE:-/tmp/training-recovery/slurm}
+case "$BASE" in /*) ;; *) BASE=$PWD/$BASE ;; esac
+BASE=${BASE%/}
+ROOT=${SLURM_ROOT:-}
+ROOT=${ROOT%/}
 NODES=${SLURM_NODES:-4}
 SPARES=${SLURM_SPARES:-1}
 PORT_BASE=${SLURM_PORT_BASE:-16800}
 CTLD_PORT=$((PORT_BASE + 17))
 RESTD_PORT=$((PORT_BASE + 20))
 SLURMD_PORT0=$((PORT_BASE + 100))
+CONF=$BASE/etc/slurm.conf
+IN_ROOT=()
 SPARE_REASON="recovery: hot spare standby"
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PACKAGES=(slurmctld slurmd slurm-client slurmrestd munge slurm-wlm-jwt-plugin)
 
 log() { echo "slurm-cluster: $*" >&2; }
 die() { log "error: $*"; exit 1; }
+
+# --- where Slurm runs from ---------------------------------------------------------------------
+
+# The root a BASE was set up in: BASE is then a symlink to ROOT$BASE.
+root_of_base() {
+  [ -L "$BASE" ] || return 0
+  local target; target=$(readlink "$BASE")
+  [ "${target%"$BASE"}" != "$target" ] && echo "${target%"$BASE"}"
+  return 0
+}
+
+# Set IN_ROOT, the prefix that runs a command from ROOT (empty on the host).
+use_root() {
+  ROOT=$1
+  IN_ROOT=()
+  [ -n "$ROOT" ] && IN_ROOT=(unshare --mount-proc="$ROOT/proc" -- chroot "$ROOT")
+  return 0
+}
+
+slurm() { SLURM_CONF=$CONF "${IN_ROOT[@]}" "$@"; }
 
 ensure_packages() {
   local missing=()
@@ -38,6 +76,47 @@ ensure_packages() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# Make sure Slurm is there and set VERSION (e.g. 24.11.5) from slurmctld -V.
+ensure_slurm() {
+  if [ -n "$ROOT" ]; then
+    [ "$(id -u)" -eq 0 ] || die "running Slurm from a root (SLURM_ROOT) needs root"
+    [ -x "$ROOT/usr/sbin/slurmctld" ] ||
+      die "no Slurm in $ROOT: build the root with $HERE/slurm-root.sh build $ROOT RELEASE"
+    # munge and Slurm resolve this machine's names through the root's /etc/hosts
+    cp /etc/hosts "$ROOT/etc/hosts"
+  else
+    ensure_packages
+  fi
+  VERSION=$("${IN_ROOT[@]}" slurmctld -V 2>/dev/null | awk '{print $2}') || true
+  [ -n "$VERSION" ] || die "cannot tell the Slurm version (slurmctld -V)"
+}
+
+# version_at_least 24.05: the binaries are Slurm 24.05 or later
+version_at_least() { [ "$(printf '%s\n' "$1" "$VERSION" | sort -V | head -1)" = "$1" ]; }
+
+generation() { echo "$VERSION" | cut -d. -f1,2; }
+
+# BASE must be where this mode keeps it: a real directory for the host's Slurm, a symlink to
+# ROOT$BASE for a root's. Moving a BASE between the two would leave a stale half behind.
+place_base() {
+  local current; current=$(root_of_base)
+  if [ -d "$BASE" ] && [ ! -L "$BASE" ] && [ -n "$ROOT" ]; then
+    rmdir "$BASE" 2>/dev/null ||
+      die "$BASE belongs to a cluster of the host's Slurm: stop it and remove $BASE, or choose another SLURM_BASE"
+  fi
+  if [ -L "$BASE" ] && [ "$current" != "$ROOT" ]; then
+    die "$BASE belongs to a cluster run from ${current:-elsewhere}: stop it and remove $BASE, or choose another SLURM_BASE"
+  fi
+  if [ -n "$ROOT" ]; then
+    mkdir -p "$ROOT$BASE" "$(dirname "$BASE")"
+    [ -L "$BASE" ] || ln -s "$ROOT$BASE" "$BASE"
+  else
+    mkdir -p "$BASE"
+  fi
+}
+
+# --- configuration -----------------------------------------------------------------------------
+
 node_names() {
   local i
   for ((i = 1; i <= NODES + SPARES; i++)); do echo "gpu-$i"; done
@@ -48,21 +127,31 @@ spare_names() {
   for ((i = NODES + 1; i <= NODES + SPARES; i++)); do echo "gpu-$i"; done
 }
 
-knobs() { echo "nodes=$NODES spares=$SPARES ports=$PORT_BASE base=$BASE"; }
+knobs() { echo "nodes=$NODES spares=$SPARES ports=$PORT_BASE base=$BASE root=${ROOT:-host}"; }
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 write_config() {
   mkdir -p "$BASE"/{etc,state,spool,log,run,munge,dev,bin,faults}
+  # Saved jobs and nodes are readable only by the next Slurm releases: a new generation
+  # (another root, or the host upgraded to the next Debian) starts from a clean state.
+  local saved; saved=$(cat "$BASE/state/generation" 2>/dev/null || true)
+  if [ -n "$saved" ] && [ "$saved" != "$(generation)" ] && ! alive "$BASE/run/slurmctld.pid"; then
+    log "Slurm $saved -> $(generation): starting from a clean state"
+    rm -rf "$BASE/state" "$BASE/spool"
+    mkdir -p "$BASE/state" "$BASE/spool"
+  fi
+  generation > "$BASE/state/generation"
   chmod 0755 "$BASE/munge"
-  for g in 0 1 2 3 4 5 6 7; do ln -sf /dev/null "$BASE/dev/nvidia$g"; done
+  for g in 0 1 2 3 4 5 6 7; do ln -sfn /dev/null "$BASE/dev/nvidia$g"; done
   [ -s "$BASE/munge/munge.key" ] || { dd if=/dev/urandom of="$BASE/munge/munge.key" bs=1024 count=1 status=none; chmod 0400 "$BASE/munge/munge.key"; }
   [ -s "$BASE/etc/jwt_hs256.key" ] || { dd if=/dev/urandom of="$BASE/etc/jwt_hs256.key" bs=32 count=1 status=none; }
-  chown slurm "$BASE/etc/jwt_hs256.key" 2>/dev/null || true
+  # only slurmctld (root) reads the key: 24.11 warns when SlurmUser does not own it
+  chown 0:0 "$BASE/etc/jwt_hs256.key"
   chmod 0600 "$BASE/etc/jwt_hs256.key"
   local total=$((NODES + SPARES))
   {
-    echo "# generated by deploy/local/slurm-cluster.sh; $(knobs)"
+    echo "# generated by deploy/local/slurm-cluster.sh for Slurm $VERSION; $(knobs)"
     cat <<CONF
 ClusterName=recoverylocal
 SlurmctldHost=localhost(127.0.0.1)
@@ -115,41 +204,82 @@ CONF
     echo "PartitionName=gpu Nodes=gpu-[1-$total] Default=YES MaxTime=INFINITE State=UP"
   } > "$BASE/etc/slurm.conf.new"
   echo "NodeName=gpu-[1-$total] Name=gpu File=$BASE/dev/nvidia[0-7]" > "$BASE/etc/gres.conf"
-  mv "$BASE/etc/slurm.conf.new" "$BASE/etc/slurm.conf"
+  if version_at_least 24.05; then
+    # slurmd 24.x always loads a cgroup plugin, and there is no cgroup fs here (nor in a
+    # root); "disabled" exists since 24.05, and 22.05 loads none with proctrack/linuxproc
+    echo "CgroupPlugin=disabled" > "$BASE/etc/cgroup.conf"
+  else
+    rm -f "$BASE/etc/cgroup.conf"
+  fi
+  mv "$BASE/etc/slurm.conf.new" "$CONF"
+  # the node init must be reachable inside the root too
+  cp "$HERE/slurm-node-init.sh" "$BASE/bin/node-init"
+  [ -n "$ROOT" ] && write_client_wrappers
+  return 0
+}
+
+# $BASE/bin/<command> for every Slurm client command of the root: with SLURM_CONF pointing
+# into the root they run the root's binary (a client talks only to its own generation's
+# slurmctld), otherwise the host's. Inside the root (a job that inherited PATH) they run the
+# root's binary directly. The caller's directory is kept, its physical path under ROOT
+# translated, so `sbatch` gets the right working directory.
+write_client_wrappers() {
+  local wrapper=$BASE/bin/slurm-client name
+  cat > "$wrapper.new" <<WRAPPER
+#!/bin/sh
+# generated by deploy/local/slurm-cluster.sh: Slurm $VERSION's clients from $ROOT
+root=$ROOT
+name=\$(basename "\$0")
+if [ -d "\$root" ] && [ -n "\${SLURM_CONF:-}" ] && [ -e "\$root\$SLURM_CONF" ]; then
+  cwd=\$(pwd -P)
+  case "\$cwd" in "\$root"/*) cwd=\${cwd#"\$root"} ;; esac
+  exec unshare --mount-proc="\$root/proc" -- chroot "\$root" \\
+    /bin/sh -c 'cd "\$1" 2>/dev/null || cd /; shift; exec "\$@"' sh "\$cwd" "/usr/bin/\$name" "\$@"
+fi
+exec "/usr/bin/\$name" "\$@"
+WRAPPER
+  chmod 0755 "$wrapper.new"
+  mv "$wrapper.new" "$wrapper"
+  for name in $("${IN_ROOT[@]}" dpkg-query -L slurm-client | sed -n 's#^/usr/bin/##p'); do
+    ln -sfn slurm-client "$BASE/bin/$name"
+  done
 }
 
 write_env() {
   local token=$1
   cat > "$BASE/env.sh" <<ENV
 # source me: the local Slurm cluster started by deploy/local/slurm-cluster.sh
-export SLURM_CONF=$BASE/etc/slurm.conf
+export SLURM_CONF=$CONF
 export SLURMRESTD_URL=http://127.0.0.1:$RESTD_PORT
 export SLURMRESTD_USER=root
 export SLURMRESTD_TOKEN=$token
 export SLURM_LOCAL_BASE=$BASE
 export SLURM_SPARE_NODES=$(spare_names | paste -sd, -)
+# the Slurm commands to use for this cluster (empty: those on PATH) and their version
+export SLURM_BIN_DIR=${ROOT:+$BASE/bin}
+export SLURM_VERSION=$VERSION
 ENV
+  if [ -n "$ROOT" ]; then
+    echo "case \":\$PATH:\" in *\":\$SLURM_BIN_DIR:\"*) ;; *) PATH=\$SLURM_BIN_DIR:\$PATH ;; esac" >> "$BASE/env.sh"
+  fi
 }
+
+# --- daemons -----------------------------------------------------------------------------------
 
 start_munge() {
   alive "$BASE/run/munged.pid" && return 0
-  munged --key-file="$BASE/munge/munge.key" --socket="$BASE/munge/munge.socket.2" \
+  slurm munged --key-file="$BASE/munge/munge.key" --socket="$BASE/munge/munge.socket.2" \
     --pid-file="$BASE/run/munged.pid" --log-file="$BASE/log/munged.log" --seed-file="$BASE/munge/seed" --force
-  local t
-  for t in $(seq 50); do munge -n -S "$BASE/munge/munge.socket.2" >/dev/null 2>&1 && return 0; sleep 0.1; done
-  die "munged did not answer"
+  wait_until "munged" 50 slurm munge -n -S "$BASE/munge/munge.socket.2"
 }
 
 start_slurmctld() {
   alive "$BASE/run/slurmctld.pid" && return 0
-  SLURM_CONF=$BASE/etc/slurm.conf setsid slurmctld -f "$BASE/etc/slurm.conf" -i </dev/null >>"$BASE/log/slurmctld.out" 2>&1
-  local t
-  for t in $(seq 100); do
-    SLURM_CONF=$BASE/etc/slurm.conf scontrol ping 2>/dev/null | grep -q "is UP" && return 0
-    sleep 0.1
-  done
-  die "slurmctld did not come up (see $BASE/log/slurmctld.log)"
+  SLURM_CONF=$CONF setsid "${IN_ROOT[@]}" slurmctld -f "$CONF" -i </dev/null >>"$BASE/log/slurmctld.out" 2>&1
+  wait_until "slurmctld (see $BASE/log/slurmctld.log)" 100 ctld_up
 }
+
+ctld_up() { slurm scontrol ping 2>/dev/null | grep -q "is UP"; }
 
 use_pid_namespaces() { unshare --pid --fork --mount-proc --uts true 2>/dev/null; }
 
@@ -157,42 +287,76 @@ start_node() {
   local node=$1 pidfile="$BASE/run/node-$1.pid"
   alive "$pidfile" && return 0
   mkdir -p "$BASE/spool/$node"
-  if use_pid_namespaces; then
+  if [ -n "$ROOT" ]; then
+    # The namespace's proc and a private devpts (srun --pty) are mounted in its own mount
+    # namespace, then its init is chrooted. A slurmd before 24.05 cannot run without a cgroup
+    # plugin (24.05 added CgroupPlugin=disabled): it gets an empty cgroup v1 layout of its own,
+    # which its autodetection accepts and proctrack/linuxproc + task/none never use, whatever
+    # the host's cgroup layout.
+    local fake_cgroups=; version_at_least 24.05 || fake_cgroups=yes
+    mkdir -p "$ROOT/sys/fs/cgroup"
+    SLURM_CONF=$CONF FAKE_CGROUPS=$fake_cgroups setsid unshare --pid --fork --uts --kill-child --mount-proc="$ROOT/proc" -- \
+      sh -ec '
+        mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts "$0/dev/pts"
+        if [ -n "$FAKE_CGROUPS" ]; then
+          mount -t tmpfs -o mode=0755,size=64k cgroups "$0/sys/fs/cgroup"
+          mkdir "$0/sys/fs/cgroup/systemd"
+          mount -t cgroup -o none,name=training-recovery cgroup "$0/sys/fs/cgroup/systemd"
+        fi
+        exec chroot "$0" "$@"' \
+      "$ROOT" bash "$BASE/bin/node-init" "$node" </dev/null >>"$BASE/log/node-$node.out" 2>&1 &
+  elif use_pid_namespaces; then
     # PID 1 of the node's namespace is a small init that reaps what slurmd leaves behind
-    SLURM_CONF=$BASE/etc/slurm.conf setsid unshare --pid --fork --mount-proc --uts --kill-child \
-      bash "$HERE/slurm-node-init.sh" "$node" </dev/null >>"$BASE/log/node-$node.out" 2>&1 &
+    SLURM_CONF=$CONF setsid unshare --pid --fork --mount-proc --uts --kill-child \
+      bash "$BASE/bin/node-init" "$node" </dev/null >>"$BASE/log/node-$node.out" 2>&1 &
   else
-    SLURM_CONF=$BASE/etc/slurm.conf setsid slurmd -D -N "$node" </dev/null >>"$BASE/log/node-$node.out" 2>&1 &
+    SLURM_CONF=$CONF setsid slurmd -D -N "$node" </dev/null >>"$BASE/log/node-$node.out" 2>&1 &
   fi
   echo $! > "$pidfile"
+}
+
+# The REST API plugins (-s) and the newest API version this slurmrestd serves. 22.05 has one
+# plugin per API version (openapi/v0.0.36-38; the dbv0.0.x ones need slurmdbd); from 23.02
+# on, openapi/slurmctld serves every version of its data parsers (24.11: v0.0.40-42).
+restd_plugins() {
+  if version_at_least 23.02; then
+    echo openapi/slurmctld
+  else
+    SLURMRESTD_SECURITY=disable_user_check slurm slurmrestd -s list 2>&1 | grep -o 'openapi/v0\.0\.[0-9]*' | sort -uV | paste -sd, -
+  fi
+}
+
+restd_newest_version() {
+  if version_at_least 23.02; then
+    SLURMRESTD_SECURITY=disable_user_check slurm slurmrestd -d list 2>&1 | grep -o 'v0\.0\.[0-9]*' | sort -V | tail -1
+  else
+    restd_plugins | tr ',' '\n' | sort -V | tail -1 | sed 's#openapi/##'
+  fi
 }
 
 start_slurmrestd() {
   local pidfile="$BASE/run/slurmrestd.pid"
   alive "$pidfile" && return 0
-  # slurmrestd refuses root and JWT needs SLURM_JWT=daemon; the dbv0.0.x plugins need slurmdbd
-  SLURM_CONF=$BASE/etc/slurm.conf SLURM_JWT=daemon SLURMRESTD_SECURITY=disable_user_check \
-    setsid slurmrestd -a rest_auth/jwt -s "$(restd_plugins)" "127.0.0.1:$RESTD_PORT" \
+  # JWT needs SLURM_JWT=daemon. slurmrestd refuses to run as root (22.05) or as SlurmUser
+  # (24.11; SlurmUser=root here) unless told not to check: as another user (-u slurm) it could
+  # not read a slurm.conf under a private directory (such as pytest's tmp_path).
+  SLURM_CONF=$CONF SLURM_JWT=daemon SLURMRESTD_SECURITY=disable_user_check setsid "${IN_ROOT[@]}" \
+    slurmrestd -a rest_auth/jwt -s "$(restd_plugins)" "127.0.0.1:$RESTD_PORT" \
     </dev/null >>"$BASE/log/slurmrestd.log" 2>&1 &
   echo $! > "$pidfile"
-}
-
-restd_plugins() {
-  # the openapi/v0.0.x plugins this slurmrestd has (22.05: v0.0.36-38; 24.11: v0.0.40-42)
-  SLURM_CONF=$BASE/etc/slurm.conf SLURMRESTD_SECURITY=disable_user_check slurmrestd -s list 2>&1 | grep -o 'openapi/v0\.0\.[0-9]*' | sort -u | paste -sd, -
 }
 
 wait_until() {
   local what=$1 tries=$2; shift 2
   local t
-  for ((t = 0; t < tries; t++)); do "$@" && return 0; sleep 0.1; done
+  for ((t = 0; t < tries; t++)); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
   die "timed out waiting for $what"
 }
 
 nodes_registered() {
   # every node answers (no '*' = not responding, no 'unk' = never registered)
   local states
-  states=$(SLURM_CONF=$BASE/etc/slurm.conf sinfo -h -N -o '%T' 2>/dev/null) || return 1
+  states=$(slurm sinfo -h -N -o '%T' 2>/dev/null) || return 1
   [ -n "$states" ] && ! grep -qE '\*|unknown|not_responding|down' <<<"$states"
 }
 
@@ -201,70 +365,92 @@ restd_answers() {
     "http://127.0.0.1:$RESTD_PORT/slurm/$2/ping"
 }
 
+# --- commands ----------------------------------------------------------------------------------
+
 cmd_start() {
-  ensure_packages
+  use_root "$ROOT"
   command -v curl >/dev/null || die "curl is needed"
+  ensure_slurm
   if [ -f "$BASE/knobs" ] && [ "$(cat "$BASE/knobs")" != "$(knobs)" ]; then
+    [ "$(root_of_base)" = "$ROOT" ] || place_base  # dies with the reason, before stopping anything
     log "knobs changed: restarting"; cmd_stop
   fi
+  place_base
   write_config
   knobs > "$BASE/knobs"
   start_munge
   start_slurmctld
   local node
   for node in $(node_names); do start_node "$node"; done
-  wait_until "nodes to register" 150 nodes_registered
+  wait_until "nodes to register (see $BASE/log/node-*.out and slurmd-*.log)" 150 nodes_registered
   for node in $(spare_names); do
     # a hot spare waits out of service until an incident brings it in
-    SLURM_CONF=$BASE/etc/slurm.conf scontrol update NodeName="$node" State=DRAIN Reason="$SPARE_REASON" 2>/dev/null || true
+    slurm scontrol update NodeName="$node" State=DRAIN Reason="$SPARE_REASON" 2>/dev/null || true
   done
-  local token
-  token=$(SLURM_CONF=$BASE/etc/slurm.conf scontrol token username=root lifespan=2592000 | sed 's/^SLURM_JWT=//')
+  local token api
+  token=$(slurm scontrol token username=root lifespan=2592000 | sed 's/^SLURM_JWT=//')
   start_slurmrestd
-  local version
-  version=$(restd_plugins | tr ',' '\n' | sort -V | tail -1 | sed 's#openapi/##')
-  wait_until "slurmrestd" 100 restd_answers "$token" "$version"
+  api=$(restd_newest_version)
+  wait_until "slurmrestd" 100 restd_answers "$token" "$api"
   write_env "$token"
-  log "up: $(node_names | paste -sd' ' -) (spares: $(spare_names | paste -sd' ' -)); source $BASE/env.sh"
+  log "up: Slurm $VERSION${ROOT:+ from $ROOT}: $(node_names | paste -sd' ' -) (spares: $(spare_names | paste -sd' ' -)); source $BASE/env.sh"
 }
 
-kill_pidfile() {
-  local pidfile=$1 sig=${2:-TERM}
-  [ -f "$pidfile" ] || return 0
-  local pid; pid=$(cat "$pidfile")
-  kill -"$sig" "$pid" 2>/dev/null || true
-}
+pid_in() { cat "$1" 2>/dev/null || true; }
 
+# Wait for each pid to end (10 s at most each), then SIGKILL it.
 wait_gone() {
-  local pidfile t
-  for pidfile in "$@"; do
-    [ -f "$pidfile" ] || continue
-    for t in $(seq 100); do kill -0 "$(cat "$pidfile")" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$(cat "$pidfile")" 2>/dev/null || true
-    rm -f "$pidfile"
+  local pid t
+  for pid in "$@"; do
+    for t in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
   done
+}
+
+# What is left of this cluster in its root after the daemons are gone: processes running from
+# ROOT whose environment names this BASE's slurm.conf (e.g. a client stuck on a dead slurmctld).
+sweep_root() {
+  [ -n "$ROOT" ] || return 0
+  local p pids=() t
+  for p in /proc/[0-9]*; do
+    [ "$(readlink "$p/root" 2>/dev/null)" = "$ROOT" ] || continue
+    tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$CONF" || continue
+    pids+=("${p#/proc/}")
+  done
+  [ ${#pids[@]} -eq 0 ] && return 0
+  log "killing leftover processes in $ROOT: ${pids[*]}"
+  kill -KILL "${pids[@]}" 2>/dev/null || true
+  for t in $(seq 50); do kill -0 "${pids[@]}" 2>/dev/null || return 0; sleep 0.1; done
 }
 
 cmd_stop() {
+  use_root "$(root_of_base)"
   [ -d "$BASE/run" ] || return 0
-  kill_pidfile "$BASE/run/slurmrestd.pid"
-  kill_pidfile "$BASE/run/slurmctld.pid"
-  local f
+  # the pids are read first: a daemon removes its pid file as it exits (unquoted below: an
+  # empty pid is no argument)
+  local restd ctld munged f pid nodes=()
+  restd=$(pid_in "$BASE/run/slurmrestd.pid")
+  ctld=$(pid_in "$BASE/run/slurmctld.pid")
+  munged=$(pid_in "$BASE/run/munged.pid")
+  kill -TERM $restd $ctld 2>/dev/null || true
   for f in "$BASE"/run/node-*.pid; do
-    [ -f "$f" ] || continue
+    pid=$(pid_in "$f")
+    [ -n "$pid" ] || continue
     # in pidns mode the namespace's init dies with its children (--kill-child); else the slurmd
-    pkill -KILL -P "$(cat "$f")" 2>/dev/null || true
-    kill_pidfile "$f" KILL
+    pkill -KILL -P "$pid" 2>/dev/null || true
+    kill -KILL "$pid" 2>/dev/null || true
+    nodes+=("$pid")
   done
   # Without PID namespaces a node's job processes outlive its slurmd: find this cluster's
   # slurmstepd by their sockets in its spool directory, and kill them with their children.
-  local pid
   for pid in $(ss -xlpn 2>/dev/null | grep -F "$BASE/spool/" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
     pkill -KILL -P "$pid" 2>/dev/null || true
     kill -KILL "$pid" 2>/dev/null || true
   done
-  kill_pidfile "$BASE/run/munged.pid"
-  wait_gone "$BASE/run/slurmrestd.pid" "$BASE/run/slurmctld.pid" "$BASE"/run/node-*.pid "$BASE/run/munged.pid"
+  kill -TERM $munged 2>/dev/null || true
+  wait_gone $restd $ctld "${nodes[@]}" $munged
+  rm -f "$BASE"/run/*.pid
+  sweep_root
   rm -f "$BASE/knobs"
   log "stopped"
 }
@@ -285,5 +471,6 @@ case "${1:-}" in
   stop) cmd_stop ;;
   status) cmd_status ;;
   env) cat "$BASE/env.sh" ;;
-  *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
+  version) use_root "$ROOT"; ensure_slurm; echo "$VERSION" ;;
+  *) echo "usage: $0 start|stop|status|env|version" >&2; exit 2 ;;
 esac

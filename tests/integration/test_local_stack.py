@@ -1,0 +1,194 @@
+"""Both Slurm generations on this one machine, side by side: the host's own Slurm and the other
+generation from a Debian root (22.05 from bookworm, 24.11 from trixie). Each runs the reference
+training job with real checkpoints, restarts it after requeuehold + release, and serves its own
+REST API versions; stopping them leaves no process and no mount behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+import pytest
+
+from starter.localstack import LocalStack
+from trainer import checkpoint as ckpt
+
+pytestmark = pytest.mark.slurm
+
+# A stack of its own: apart from the drills' (16800) and the session cluster's (17800); the
+# other generation listens on 19800.
+STATE_DIR = Path("/tmp/training-recovery-stack-tests")
+PORT_BASE = 18800
+GENERATIONS = ("22.05", "24.11")
+# The REST API versions each generation serves (22.05: one plugin each; 24.11: data parsers)
+REST_VERSIONS = {"22.05": {"v0.0.36", "v0.0.37", "v0.0.38"}, "24.11": {"v0.0.40", "v0.0.41", "v0.0.42"}}
+SPARE_REASON = "recovery: hot spare standby"
+
+T = TypeVar("T")
+
+
+@dataclass
+class Cluster:
+    generation: str
+    stack: LocalStack
+    env: dict[str, str]  # from env.sh, for every Slurm command (PATH has the root's wrappers first)
+
+    def run(self, *argv: str, cwd: Path | None = None) -> str:
+        result = subprocess.run(argv, env=self.env, cwd=cwd, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, f"{' '.join(argv)}: {result.stderr}"
+        return result.stdout
+
+    def job(self, job_id: str) -> dict[str, str]:
+        return dict(re.findall(r"(\w+)=(\S*)", self.run("scontrol", "show", "job", "-o", job_id)))
+
+    def nodes(self) -> dict[str, tuple[str, str]]:
+        lines = self.run("sinfo", "-h", "-N", "-o", "%N|%T|%E").splitlines()
+        return {name: (state, reason) for name, state, reason in (line.split("|") for line in lines)}
+
+
+def poll(check: Callable[[], T], seconds: float, what: str) -> T:
+    deadline = time.monotonic() + seconds
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {seconds:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def processes_of(stack: LocalStack) -> list[str]:
+    """Processes that mention the cluster's base (command line or environment, as SLURM_CONF
+    does) or run from its Debian root."""
+    marks = [f"{stack.slurm_base}/".encode(), f"{stack.slurm_base.resolve()}/".encode()]
+    root = str(stack.slurm_root) if stack.slurm_root else None
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes()
+            proc_root = os.readlink(proc / "root")
+        except OSError:
+            continue  # gone meanwhile
+        if any(m in cmdline or m in environ for m in marks) or proc_root == root:
+            command = cmdline.replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{proc.name}: {command}")
+    return found
+
+
+def mounts_under(root: Path) -> list[str]:
+    """Mount points under root in any process's mount namespace."""
+    found = set()
+    for mountinfo in Path("/proc").glob("[0-9]*/mountinfo"):
+        try:
+            lines = mountinfo.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            point = line.split()[4]
+            if point == str(root) or point.startswith(f"{root}/"):
+                found.add(point)
+    return sorted(found)
+
+
+@pytest.fixture(scope="session")
+def clusters():
+    stacks = {g: LocalStack(state_dir=STATE_DIR, slurm_port_base=PORT_BASE, slurm_version=g,
+                            temporal_port=0, ui_port=0) for g in GENERATIONS}
+    # one generation is the host's, the other runs from a root
+    assert sorted(s.slurm_root is None for s in stacks.values()) == [False, True]
+    try:
+        yield {g: Cluster(g, s, s.slurm_cli_env(s.start_slurm())) for g, s in stacks.items()}
+    finally:
+        for stack in stacks.values():
+            stack.stop_slurm()
+    for stack in stacks.values():
+        assert processes_of(stack) == [], f"left running by Slurm {stack.slurm_generation}"
+        if stack.slurm_root:
+            assert mounts_under(stack.slurm_root) == []
+
+
+@pytest.fixture(params=GENERATIONS)
+def cluster(request, clusters) -> Cluster:
+    return clusters[request.param]
+
+
+def test_each_generation_runs_its_own_slurm(cluster):
+    version = cluster.env["SLURM_VERSION"]
+    assert version.startswith(cluster.generation + ".")
+    assert cluster.run("scontrol", "--version").split() == ["slurm-wlm", version]
+    # the root's clients are wrappers in SLURM_BIN_DIR; the host's are on PATH
+    assert bool(cluster.env["SLURM_BIN_DIR"]) == (cluster.stack.slurm_root is not None)
+
+
+def test_nodes_are_registered_and_idle_and_the_spare_is_drained(cluster):
+    def nodes_ready():
+        nodes = cluster.nodes()
+        return nodes if all(nodes[f"gpu-{i}"][0] == "idle" for i in range(1, 5)) else None
+
+    nodes = poll(nodes_ready, 30, "gpu-[1-4] to be idle")
+    assert sorted(nodes) == [f"gpu-{i}" for i in range(1, 6)]
+    assert nodes["gpu-5"] == ("drained", SPARE_REASON)
+    assert cluster.env["SLURM_SPARE_NODES"] == "gpu-5"
+
+
+def test_reference_job_checkpoints_and_restarts_after_requeuehold_and_release(cluster):
+    stack = cluster.stack
+    run_dir = stack.drills_dir / f"stack-test-{uuid.uuid4().hex[:8]}"
+    run_dir.mkdir(parents=True)
+    job_id = cluster.run(
+        "sbatch", "--parsable", f"--comment=checkpoint_dir={run_dir}", f"--output={run_dir}/slurm-%j.out",
+        f"--export=ALL,PYTHONPATH={stack.trainer_pythonpath},TRAINER_PYTHON={stack.trainer_python}",
+        str(stack.trainer_script), "--run-dir", str(run_dir), "--step-seconds", "0.2", "--checkpoint-every", "10",
+        cwd=run_dir,
+    ).strip().split(";")[0]
+    try:
+        def complete_checkpoints():
+            return [c for c in ckpt.list_checkpoints(run_dir) if c.complete]
+
+        poll(complete_checkpoints, 60, f"a complete checkpoint in {run_dir}")
+        job = cluster.job(job_id)
+        assert job["JobState"] == "RUNNING" and job["NumNodes"] == "2"
+        assert job["WorkDir"] == str(run_dir)
+
+        cluster.run("scontrol", "requeuehold", job_id)
+        held = poll(lambda: (j := cluster.job(job_id))["JobState"] == "PENDING" and j, 30, "the job to be held")
+        assert held["Reason"] == "job_requeued_in_held_state" and held["Restarts"] == "1"
+        cluster.run("scontrol", "release", job_id)
+
+        def resumed():
+            records = ckpt.read_resume_records(run_dir)
+            return records if len(records) == 2 else None
+
+        # Slurm waits cred_expire (10 s) before it starts a requeued job again
+        first, second = poll(resumed, 60, "the restarted job's resume record")
+        assert (first["restart_count"], first["resumed_step"]) == (0, None)
+        assert second["restart_count"] == 1 and second["job_id"] == job_id
+        completed_steps = {c.step for c in ckpt.list_checkpoints(run_dir) if c.complete}
+        assert second["resumed_step"] in completed_steps and second["resumed_step"] >= 10
+        assert cluster.job(job_id)["Restarts"] == "1"
+    finally:
+        subprocess.run(["scancel", job_id], env=cluster.env, capture_output=True, timeout=60)
+    poll(lambda: cluster.job(job_id)["JobState"] not in ("RUNNING", "COMPLETING", "PENDING"), 30,
+         "the job to end")
+
+
+def test_slurmrestd_serves_the_generations_api_versions(cluster):
+    response = httpx.get(
+        f"{cluster.env['SLURMRESTD_URL']}/openapi/v3", timeout=30,
+        headers={"X-SLURM-USER-NAME": cluster.env["SLURMRESTD_USER"],
+                 "X-SLURM-USER-TOKEN": cluster.env["SLURMRESTD_TOKEN"]},
+    )
+    response.raise_for_status()
+    versions = {m.group(1) for path in response.json()["paths"] if (m := re.match(r"/slurm/(v0\.0\.\d+)/", path))}
+    assert versions == REST_VERSIONS[cluster.generation]
