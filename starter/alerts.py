@@ -20,9 +20,15 @@ async def raise_alert(
 
 
 async def raise_alerts(
-    client: Client, alerts: list[NodeFailureAlert], task_queue: str, policy: RecoveryPolicy
+    client: Client, alerts: list[NodeFailureAlert], task_queue: str, policy: RecoveryPolicy,
+    *, id_reuse_policy: WorkflowIDReusePolicy = WorkflowIDReusePolicy.ALLOW_DUPLICATE,
 ) -> WorkflowHandle[NodeRecoveryWorkflow, IncidentReport]:
-    """Alerts for one node, in one durable hand-over: when this returns, Temporal has them."""
+    """Alerts for one node, in one durable hand-over: when this returns, Temporal has them.
+
+    With ``id_reuse_policy=REJECT_DUPLICATE`` the alerts join a running incident or open the
+    node's first one, and WorkflowAlreadyStartedError says that an earlier incident has ended
+    (the alert hooks then decide whether the alerts are newer than that end).
+    """
     nodes = {a.node for a in alerts}
     if len(nodes) != 1:
         raise ValueError(f"alerts for one node at a time, got {sorted(nodes)}")
@@ -33,7 +39,7 @@ async def raise_alerts(
         id=incident_workflow_id(node),
         task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        id_reuse_policy=id_reuse_policy,
         start_signal="alerts",
         start_signal_args=[alerts],
     )

@@ -1,0 +1,1 @@
+"""Benchmarks that drive the real services on this machine (not timed tests): `python -m bench`."""

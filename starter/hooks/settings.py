@@ -1,0 +1,104 @@
+"""The hook server's configuration, from RECOVERY_HOOKS_* environment variables, validated at start."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from contracts.models import Xid
+from starter.hooks.intake import IntakeLimits
+
+AuthMode = Literal["bearer", "hmac"]
+
+
+def _comma_list(value: object) -> object:
+    return [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+
+
+class HookSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RECOVERY_HOOKS_", env_file=None, extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8910, ge=0, le=65535, description="0 picks a free port")
+
+    # --- authentication ---
+    auth: Annotated[list[AuthMode], NoDecode] = Field(
+        default_factory=lambda: ["bearer"], description="accepted schemes, comma-separated: bearer, hmac"
+    )
+    token: SecretStr | None = Field(None, description="the bearer token")
+    token_file: Path | None = Field(None, description="a file holding the bearer token (instead of token)")
+    hmac_key: SecretStr | None = Field(None, description="the key of the HMAC-SHA256 signature over the body")
+    hmac_key_file: Path | None = None
+
+    # --- input limits ---
+    max_body_bytes: int = Field(1 << 20, gt=0)
+    max_alerts_per_request: int = Field(1000, gt=0)
+
+    # --- what is dropped ---
+    max_alert_age_seconds: float = Field(900.0, gt=0, description="older alerts are dropped")
+    clock_skew_seconds: float = Field(300.0, ge=0, description="alerts further in the future are dropped")
+
+    # --- correlation ---
+    correlation_window_seconds: float = Field(120.0, ge=0)
+    secondary_xids: Annotated[list[Xid], NoDecode] = Field(
+        default_factory=lambda: [45, 74],
+        description="XIDs that follow from a failure elsewhere: they join a peer's incident",
+    )
+
+    # --- sources ---
+    node_labels: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["node", "Hostname", "instance"],
+        description="Alertmanager labels holding the node name, first present wins",
+    )
+
+    # --- hand-over ---
+    max_batch_alerts: int = Field(200, gt=0, description="alerts per hand-over to one incident")
+    max_inflight_handovers: int = Field(64, gt=0, description="concurrent Temporal calls")
+    dedupe_cache_size: int = Field(100_000, gt=0, description="alerts remembered as handed over")
+    access_log: bool = False
+
+    @field_validator("auth", "secondary_xids", "node_labels", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        return _comma_list(value)
+
+    @model_validator(mode="after")
+    def _secrets_for_each_scheme(self) -> HookSettings:
+        if not self.auth:
+            raise ValueError("RECOVERY_HOOKS_AUTH: name at least one of bearer, hmac")
+        self.token = _secret(self.token, self.token_file, "TOKEN")
+        self.hmac_key = _secret(self.hmac_key, self.hmac_key_file, "HMAC_KEY")
+        for mode, secret in (("bearer", self.token), ("hmac", self.hmac_key)):
+            if mode in self.auth and secret is None:
+                name = "TOKEN" if mode == "bearer" else "HMAC_KEY"
+                raise ValueError(f"{mode} authentication needs RECOVERY_HOOKS_{name} or RECOVERY_HOOKS_{name}_FILE")
+        if not self.node_labels:
+            raise ValueError("RECOVERY_HOOKS_NODE_LABELS: name at least one label")
+        return self
+
+
+    def intake_limits(self) -> IntakeLimits:
+        return IntakeLimits(
+            max_age=timedelta(seconds=self.max_alert_age_seconds),
+            clock_skew=timedelta(seconds=self.clock_skew_seconds),
+            correlation_window=timedelta(seconds=self.correlation_window_seconds),
+            secondary_xids=frozenset(self.secondary_xids),
+            max_batch=self.max_batch_alerts,
+            max_inflight=self.max_inflight_handovers,
+            dedupe_size=self.dedupe_cache_size,
+        )
+
+
+def _secret(value: SecretStr | None, path: Path | None, name: str) -> SecretStr | None:
+    if path is None:
+        return value
+    if value is not None:
+        raise ValueError(f"set RECOVERY_HOOKS_{name} or RECOVERY_HOOKS_{name}_FILE, not both")
+    text = path.read_text().strip()
+    if not text:
+        raise ValueError(f"RECOVERY_HOOKS_{name}_FILE {path} is empty")
+    return SecretStr(text)

@@ -1,0 +1,225 @@
+"""The intake's decisions, against a recording stand-in for Temporal (RecordingIncidents)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from starter.hooks.intake import Intake, IntakeLimits, Outcome
+from starter.hooks.sources import Incoming
+from starter.hooks.testing import RecordingIncidents
+
+NOW = datetime(2026, 11, 30, 0, 17, 36, tzinfo=timezone.utc)
+
+
+def alert(node: str = "gpu-2", xid: int | None = 79, ago: float = 1.0, **kw) -> Incoming:
+    return Incoming(node=node, xid=xid, source=kw.pop("source", "test"), actor="intake test",
+                    reason=kw.pop("reason", f"XID {xid}"), observed_at=NOW - timedelta(seconds=ago), **kw)
+
+
+def intake(incidents: RecordingIncidents, peers: dict[str, set[str]] | None = None, **limits) -> Intake:
+    async def job_peers(node: str) -> set[str]:
+        return peers.get(node, set())
+
+    return Intake(incidents, IntakeLimits(**limits), job_peers=job_peers if peers is not None else None,
+                  clock=lambda: NOW)
+
+
+async def test_alerts_for_a_node_arriving_during_a_hand_over_go_in_the_next_one():
+    incidents = RecordingIncidents(delay=0.05)
+    hook = intake(incidents)
+    first = asyncio.ensure_future(hook.submit([alert(reason="alert 0")]))
+    await asyncio.sleep(0.01)  # its hand-over is in flight
+    results = await asyncio.gather(first, *(hook.submit([alert(reason=f"alert {i}")]) for i in range(1, 40)))
+    assert {r.outcome for [r] in results} == {Outcome.ACCEPTED}
+    assert {r.incident for [r] in results} == {"node-recovery-gpu-2"}
+    # the first request's hand-over, then everything that queued behind it, in one call
+    assert [len(alerts) for _, _, alerts in incidents.calls] == [1, 39]
+    assert [a.reason for a in incidents.handed_over] == [f"alert {i}" for i in range(40)]
+    assert [len(runs) for runs in incidents.runs.values()] == [1]
+
+
+async def test_nodes_are_handed_over_independently_and_each_gets_one_incident():
+    incidents = RecordingIncidents(delay=0.01)
+    hook = intake(incidents)
+    batch = [alert(f"gpu-{i % 5}", reason=f"r{i}") for i in range(50)]
+    results = await hook.submit(batch)
+    assert [r.incident for r in results] == [f"node-recovery-gpu-{i % 5}" for i in range(50)]
+    assert sorted(incidents.runs) == [f"gpu-{i}" for i in range(5)]
+    assert all(len(runs) == 1 for runs in incidents.runs.values())
+    assert len(incidents.handed_over) == 50
+
+
+async def test_batches_are_capped_and_concurrent_calls_limited():
+    incidents = RecordingIncidents(delay=0.02)
+    hook = intake(incidents, max_batch=10, max_inflight=3)
+    in_flight = peak = 0
+    original = incidents.join_or_open
+
+    async def counting(node, alerts):
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            return await original(node, alerts)
+        finally:
+            in_flight -= 1
+
+    incidents.join_or_open = counting
+    await hook.submit([alert(f"gpu-{i % 6}", reason=f"r{i}") for i in range(120)])
+    assert max(len(a) for _, _, a in incidents.calls) == 10
+    assert peak == 3
+    assert len(incidents.handed_over) == 120
+
+
+async def test_an_identical_alert_is_a_duplicate_and_costs_no_call():
+    incidents = RecordingIncidents()
+    hook = intake(incidents)
+    [first] = await hook.submit([alert()])
+    [again] = await hook.submit([alert()])
+    assert (first.outcome, again.outcome) == (Outcome.ACCEPTED, Outcome.DUPLICATE)
+    assert again.incident == first.incident
+    assert len(incidents.calls) == 1
+
+
+async def test_a_duplicate_of_an_alert_in_flight_is_answered_once_that_is_in_temporal():
+    incidents = RecordingIncidents(delay=0.05)
+    hook = intake(incidents)
+    first, again = await asyncio.gather(hook.submit([alert()]), hook.submit([alert()]))
+    assert (first[0].outcome, again[0].outcome) == (Outcome.ACCEPTED, Outcome.DUPLICATE)
+    assert len(incidents.calls) == 1
+
+
+async def test_resolved_stale_and_future_alerts_are_dropped_with_a_reason_and_no_call():
+    incidents = RecordingIncidents()
+    hook = intake(incidents, max_age=timedelta(minutes=15), clock_skew=timedelta(minutes=5))
+    results = await hook.submit([
+        alert(resolved=True), alert(ago=16 * 60), alert(ago=-6 * 60), alert(ago=14 * 60), alert(ago=-4 * 60),
+    ])
+    assert [r.outcome for r in results] == [Outcome.DROPPED] * 3 + [Outcome.ACCEPTED] * 2
+    assert results[0].reason.startswith("resolved")
+    assert results[1].reason.startswith("stale") and "900 s" in results[1].reason
+    assert "future" in results[2].reason
+    assert len(incidents.handed_over) == 2
+
+
+async def test_alerts_observed_before_the_last_incident_ended_never_start_another():
+    incidents = RecordingIncidents()
+    hook = intake(incidents)
+    await hook.submit([alert(ago=300)])
+    incidents.end("gpu-2", NOW - timedelta(seconds=60))
+
+    # a replay, and an alert from before the end: dropped, after asking Temporal once when it ended
+    results = await hook.submit([alert(ago=300, reason="replayed"), alert(ago=120)])
+    assert [r.outcome for r in results] == [Outcome.DROPPED, Outcome.DROPPED]
+    assert "ended at 2026-11-30T00:16:36+00:00" in results[0].reason
+    assert [c for c, _, _ in incidents.calls] == ["join_or_open", "join", "ended_at"]
+
+    # known now: the next stale one costs no call at all
+    [late] = await hook.submit([alert(ago=90)])
+    assert late.outcome is Outcome.DROPPED and len(incidents.calls) == 3
+
+    # a failure after the end opens a new incident, and the next alert joins it with a signal
+    [fresh] = await hook.submit([alert(ago=30, reason="new failure")])
+    assert fresh.outcome is Outcome.ACCEPTED
+    await hook.submit([alert(ago=20, reason="and another")])
+    assert [c for c, _, _ in incidents.calls[3:]] == ["join_or_open", "ended_at", "open_after_end", "join"]
+    assert [run.run_id for run in incidents.runs["gpu-2"]] == ["gpu-2-run-1", "gpu-2-run-2"]
+    assert [a.reason for a in incidents.runs["gpu-2"][1].alerts] == ["new failure", "and another"]
+
+
+async def test_a_batch_spanning_the_end_splits_into_dropped_and_a_new_incident():
+    incidents = RecordingIncidents()
+    hook = intake(incidents)
+    await hook.submit([alert(ago=300)])
+    incidents.end("gpu-2", NOW - timedelta(seconds=60))
+    results = await hook.submit([alert(ago=100, reason="old"), alert(ago=10, reason="new")])
+    assert [r.outcome for r in results] == [Outcome.DROPPED, Outcome.ACCEPTED]
+    assert [a.reason for a in incidents.runs["gpu-2"][1].alerts] == ["new"]
+
+
+async def test_secondary_xids_on_a_peer_join_the_primary_incident():
+    incidents = RecordingIncidents()
+    hook = intake(incidents, peers={"gpu-3": {"gpu-2", "gpu-3"}, "gpu-9": set()},
+                  correlation_window=timedelta(seconds=120))
+    await hook.submit([alert("gpu-2", 79, ago=60)])
+    results = await hook.submit([
+        alert("gpu-3", 74, ago=30),  # NVLink error on a node of the same job: joins gpu-2
+        alert("gpu-3", 45, ago=50),  # cleanup after the job's processes died: joins gpu-2
+        alert("gpu-3", None, ago=40),  # an NCCL timeout: joins gpu-2 with its XID
+        alert("gpu-9", 74, ago=30),  # not in the job: its own incident
+    ])
+    assert [r.outcome for r in results] == [Outcome.CORRELATED] * 3 + [Outcome.ACCEPTED]
+    assert [r.incident for r in results] == ["node-recovery-gpu-2"] * 3 + ["node-recovery-gpu-9"]
+    joined = incidents.runs["gpu-2"][0].alerts[1:]
+    assert [(a.node, a.xid) for a in joined] == [("gpu-2", 74), ("gpu-2", 45), ("gpu-2", 79)]
+    assert joined[0].reason.startswith(
+        "correlated: XID 74 on gpu-3, which shares a job with gpu-2, +30 s from its XID 79")
+    assert joined[2].reason.startswith("correlated: NCCL timeout on gpu-3")
+    assert "gpu-3" not in incidents.runs
+
+
+async def test_secondary_xids_outside_the_window_or_without_job_knowledge_are_the_nodes_own():
+    peers = {"gpu-3": {"gpu-2"}}
+    incidents = RecordingIncidents()
+    hook = intake(incidents, peers=peers, correlation_window=timedelta(seconds=120))
+    await hook.submit([alert("gpu-2", 79, ago=600)])
+    [late] = await hook.submit([alert("gpu-3", 74, ago=100)])
+    assert (late.outcome, late.incident) == (Outcome.ACCEPTED, "node-recovery-gpu-3")
+
+    unknowing = intake(RecordingIncidents())
+    await unknowing.submit([alert("gpu-2", 79, ago=60)])
+    [own] = await unknowing.submit([alert("gpu-3", 74, ago=30)])
+    [nccl] = await unknowing.submit([alert("gpu-3", None, ago=30)])
+    assert (own.outcome, own.incident) == (Outcome.ACCEPTED, "node-recovery-gpu-3")
+    assert nccl.outcome is Outcome.DROPPED and "NCCL timeout" in nccl.reason
+
+
+async def test_a_failing_job_lookup_leaves_the_alert_to_its_own_node():
+    async def broken(node: str) -> set[str]:
+        raise RuntimeError("squeue timed out")
+
+    incidents = RecordingIncidents()
+    hook = Intake(incidents, IntakeLimits(), job_peers=broken, clock=lambda: NOW)
+    await hook.submit([alert("gpu-2", 79, ago=60)])
+    [r] = await hook.submit([alert("gpu-3", 74, ago=30)])
+    assert (r.outcome, r.incident) == (Outcome.ACCEPTED, "node-recovery-gpu-3")
+
+
+async def test_a_node_with_its_own_primary_keeps_its_secondary_alerts():
+    incidents = RecordingIncidents()
+    hook = intake(incidents, peers={"gpu-3": {"gpu-2"}})
+    await hook.submit([alert("gpu-2", 79, ago=60), alert("gpu-3", 48, ago=59)])
+    [r] = await hook.submit([alert("gpu-3", 74, ago=30)])
+    assert (r.outcome, r.incident) == (Outcome.ACCEPTED, "node-recovery-gpu-3")
+
+
+async def test_when_temporal_fails_nothing_is_accepted_and_a_retry_hands_over_again():
+    incidents = RecordingIncidents()
+    incidents.fail_with = RuntimeError("Temporal unavailable")
+    hook = intake(incidents)
+    with pytest.raises(RuntimeError):
+        await hook.submit([alert("gpu-2"), alert("gpu-3")])
+    assert incidents.handed_over == []
+    incidents.fail_with = None
+    results = await hook.submit([alert("gpu-2"), alert("gpu-3")])
+    assert [r.outcome for r in results] == [Outcome.ACCEPTED, Outcome.ACCEPTED]
+    assert len(incidents.handed_over) == 2
+
+
+async def test_outcomes_and_calls_are_counted():
+    incidents = RecordingIncidents()
+    hook = intake(incidents)
+    await hook.submit([alert(), alert(), alert(resolved=True)])
+    await hook.submit([alert(reason="second")])
+    assert hook.outcomes == {"accepted": 2, "duplicate": 1, "dropped": 1}
+    assert hook.temporal_calls == {"join_or_open": 1, "join": 1}
+
+
+def test_alerts_that_differ_in_any_field_are_not_duplicates():
+    a = alert()
+    assert a == replace(a) and hash(a) == hash(replace(a))
+    assert a != replace(a, message="other text")
