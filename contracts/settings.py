@@ -25,7 +25,7 @@ class Settings(BaseSettings):
     task_queue: str = "training-recovery"
 
     slurm_conf: str | None = Field(None, validation_alias=AliasChoices("SLURM_CONF", "RECOVERY_SLURM_CONF"))
-    slurm_bin_dir: str = ""
+    slurm_bin_dir: str = Field("", validation_alias=AliasChoices("RECOVERY_SLURM_BIN_DIR", "SLURM_BIN_DIR"))
     slurmrestd_url: str | None = Field(
         None, validation_alias=AliasChoices("SLURMRESTD_URL", "RECOVERY_SLURMRESTD_URL")
     )

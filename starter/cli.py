@@ -48,7 +48,9 @@ async def cmd_drill(args: argparse.Namespace) -> int:
 
     opts = DrillOptions(xid=args.xid, node=args.node, corrupt_latest_checkpoint=args.corrupt_latest_checkpoint)
     settings = Settings()
-    stack = LocalStack(task_queue=settings.task_queue)
+    stack = LocalStack(task_queue=settings.task_queue, slurm_version=args.slurm_version)
+    if stack.slurm_root is not None:  # the other generation's cluster has a worker of its own
+        stack.task_queue = f"{settings.task_queue}-{stack.slurm_generation}"
     _err("starting what is missing of the local stack (Temporal dev server, Slurm cluster, worker)...")
     cluster = await asyncio.to_thread(stack.up)
     client = await _client(stack.temporal_address, "default")
@@ -157,18 +159,37 @@ async def cmd_status(args: argparse.Namespace) -> int:
 async def cmd_stack(args: argparse.Namespace) -> int:
     from starter.localstack import LocalStack
 
-    stack = LocalStack(task_queue=Settings().task_queue)
+    from starter.localstack import DEBIAN_RELEASE_OF_GENERATION
+
+    stack = LocalStack(task_queue=Settings().task_queue, slurm_version=args.slurm_version)
     if args.action == "up":
         cluster = await asyncio.to_thread(stack.up)
         print(json.dumps({"temporal": stack.temporal_address, "ui": f"http://127.0.0.1:{stack.ui_port}",
                           "slurm_conf": cluster["SLURM_CONF"], "slurmrestd": cluster["SLURMRESTD_URL"]}))
     elif args.action == "down":
+        # every generation's cluster and worker, then the dev server
+        for version in DEBIAN_RELEASE_OF_GENERATION:
+            other = LocalStack(state_dir=stack.state_dir, slurm_version=version)
+            await asyncio.to_thread(other.stop_worker)
+            await asyncio.to_thread(other.stop_slurm)
         await asyncio.to_thread(stack.down)
     else:
         status = await asyncio.to_thread(stack.status)
         print(json.dumps(status))
         return EXIT_OK if all(status.values()) else EXIT_FAILED
     return EXIT_OK
+
+
+# --- hooks -------------------------------------------------------------------------------------
+
+
+def cmd_hooks(args: argparse.Namespace):
+    """Not async: it picks the event loop (uvloop) before main() starts one; returns the coroutine."""
+    from starter.hooks.server import serve
+    from starter.hooks.settings import HookSettings
+
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    return serve(Settings(), HookSettings(**overrides))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -181,6 +202,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--corrupt-latest-checkpoint", action="store_true",
                    help="make the newest checkpoint incomplete before the failure")
     d.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    d.add_argument("--slurm-version", choices=["22.05", "24.11"],
+                   help="the Slurm generation to drill on (default: the host's; the other runs from a Debian root)")
     d.set_defaults(run=cmd_drill)
 
     i = sub.add_parser("inject", help="send one failure alert to a running stack")
@@ -198,7 +221,13 @@ def parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser("stack", help="start, stop or inspect the embedded local stack")
     k.add_argument("action", choices=["up", "down", "status"])
+    k.add_argument("--slurm-version", choices=["22.05", "24.11"], help="the Slurm generation (default: the host's)")
     k.set_defaults(run=cmd_stack)
+
+    h = sub.add_parser("hooks", help="serve the alert hooks (RECOVERY_HOOKS_* configure it; docs/alert-hooks.md)")
+    h.add_argument("--host", help="listen address (default RECOVERY_HOOKS_HOST or 127.0.0.1)")
+    h.add_argument("--port", type=int, help="listen port (default RECOVERY_HOOKS_PORT or 8910)")
+    h.set_defaults(run=cmd_hooks)
     return p
 
 

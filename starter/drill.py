@@ -11,7 +11,6 @@ import asyncio
 import getpass
 import json
 import os
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from backends.slurm import SlurmCli
 from backends.replacement import SPARE_STANDBY_REASON
 from contracts.models import FaultClass, IncidentReport, NodeFailureAlert, RecoveryPolicy, SlurmJob
 from starter.alerts import raise_alert
-from starter.localstack import REPO, LocalStack, StackError, wait_async
+from starter.localstack import LocalStack, StackError, wait_async
 from workflows.node_recovery import NodeRecoveryWorkflow
 from trainer import checkpoint as ckpt
 
@@ -87,7 +86,7 @@ class Drill:
         self.client, self.stack, self.cluster, self.policy = client, stack, cluster, policy
         self.xid_table = xid_table
         self.say = say
-        self.slurm = SlurmCli(slurm_conf=cluster["SLURM_CONF"])
+        self.slurm = SlurmCli(slurm_conf=cluster["SLURM_CONF"], bin_dir=cluster.get("SLURM_BIN_DIR", ""))
         self._t0 = time.monotonic()
 
     def _log(self, text: str) -> None:
@@ -102,7 +101,7 @@ class Drill:
         `before_fault(job, node)` lets a test set a scene (say, an operator's drain) first."""
         fault_class = self.xid_table.classify(opts.xid).fault_class
         await self.reset_cluster()
-        run_dir = self.stack.state_dir / "drills" / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        run_dir = self.stack.drills_dir / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
         job_id = await self.submit_reference_job(run_dir, opts)
         self._log(f"reference job {job_id} submitted across 2 nodes; checkpoints in {run_dir}")
         job = await wait_async(lambda: self._running(job_id), 60, f"job {job_id} to run")
@@ -158,8 +157,8 @@ class Drill:
                 await self.slurm.update_node(node.name, "RESUME", None)
 
         async def compute_nodes_idle() -> bool:
-            return all(node.in_service and node.state == "idle"
-                       for node in await self.slurm.list_nodes() if node.name not in spares)
+            compute = [node for node in await self.slurm.list_nodes() if node.name not in spares]
+            return bool(compute) and all(node.in_service and node.state == "idle" for node in compute)
 
         await wait_async(compute_nodes_idle, 60, "every compute node to be idle")
 
@@ -170,8 +169,8 @@ class Drill:
             "sbatch", "--parsable", f"--job-name={DRILL_JOB_NAME}", "--nodes=2", "--ntasks-per-node=1",
             "--requeue", f"--comment=checkpoint_dir={run_dir}", f"--chdir={run_dir}",
             f"--output={run_dir}/slurm-%j.out",
-            f"--export=ALL,PYTHONPATH={REPO},TRAINER_PYTHON={sys.executable}",
-            str(REPO / "trainer" / "reference-job.sbatch"),
+            f"--export=ALL,PYTHONPATH={self.stack.trainer_pythonpath},TRAINER_PYTHON={self.stack.trainer_python}",
+            str(self.stack.trainer_script),
             "--run-dir", str(run_dir), "--step-seconds", str(opts.step_seconds),
             "--checkpoint-every", str(opts.checkpoint_every), "--fault-dir", str(self.stack.fault_dir),
         )

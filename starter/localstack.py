@@ -205,13 +205,22 @@ class LocalStack:
     def health_check(self) -> str:
         return f"{HEALTH_SCRIPT} {{node}} {self.slurm_base}"
 
+    @property
+    def _worker_name(self) -> str:
+        # one worker per cluster: the other generation's has a name of its own
+        return "worker" if self.slurm_root is None else f"worker-{self.slurm_generation}"
+
+    @property
+    def worker_pidfile(self) -> Path:
+        return self._pidfile(self._worker_name)
+
     def worker_running(self) -> bool:
-        return _alive(self._pidfile("worker"))
+        return _alive(self.worker_pidfile)
 
     def start_worker(self, cluster: dict[str, str]) -> None:
         if self.worker_running():
             return
-        self._spawn("worker", [sys.executable, str(REPO / "worker.py")], self.worker_env(cluster))
+        self._spawn(self._worker_name, [sys.executable, str(REPO / "worker.py")], self.worker_env(cluster))
 
     # --- all ---------------------------------------------------------------------------------
 
@@ -222,7 +231,7 @@ class LocalStack:
         return cluster
 
     def stop_worker(self) -> None:
-        _terminate(self._pidfile("worker"))
+        _terminate(self.worker_pidfile)
 
     def down(self) -> None:
         self.stop_worker()

@@ -13,7 +13,7 @@ import pytest_asyncio
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from starter.localstack import LocalStack
+from starter.localstack import DEBIAN_RELEASE_OF_GENERATION, LocalStack
 
 
 def _binary(name: str) -> str:
@@ -44,11 +44,13 @@ async def time_skipping_env():
         yield env
 
 
-@pytest.fixture(scope="session")
-def local_stack(tmp_path_factory) -> LocalStack:
-    """A stack of its own (state dir, ports), so tests never touch a drill's stack."""
+@pytest.fixture(scope="session", params=list(DEBIAN_RELEASE_OF_GENERATION))
+def local_stack(request) -> LocalStack:
+    """Every test on the real cluster runs on both Slurm generations (22.05 and 24.11): the
+    host's from Debian's packages, the other from a Debian root. The stack has its own state dir
+    and ports, so tests never touch a drill's stack."""
     return LocalStack(state_dir=Path("/tmp/training-recovery-tests"), slurm_port_base=17800,
-                      temporal_port=0, ui_port=0)
+                      temporal_port=0, ui_port=0, slurm_version=request.param)
 
 
 @pytest.fixture(scope="session")

@@ -33,6 +33,7 @@ class SlurmCli:
         self._env.pop("SLURM_JWT", None)
         self._timeout = timeout
         self._bin_dir = bin_dir
+        self._version: tuple[int, int] | None = None
 
     def supports(self, operation: str) -> bool:
         return True
@@ -71,8 +72,21 @@ class SlurmCli:
         except json.JSONDecodeError as e:
             raise SlurmUnavailable(f"{argv[0]} printed no JSON: {out[:200]!r}") from e
 
+    async def version(self) -> tuple[int, int]:
+        """The Slurm generation of these tools, e.g. (22, 5); asked once."""
+        if self._version is None:
+            out = await self.run("scontrol", "--version")  # "slurm-wlm 24.11.5" or "slurm 22.05.8"
+            major, minor = out.split()[-1].split(".")[:2]
+            self._version = (int(major), int(minor))
+        return self._version
+
     async def list_nodes(self) -> list[SlurmNode]:
-        data = await self._json("sinfo", "--json")
+        # 23.02+ has `scontrol show node --json` (its sinfo --json groups nodes by state);
+        # 22.05 has no scontrol --json, and its sinfo --json lists nodes one by one.
+        if await self.version() >= (23, 2):
+            data = await self._json("scontrol", "show", "node", "--json")
+        else:
+            data = await self._json("sinfo", "--json")
         return [node_from_json(raw) for raw in data.get("nodes", [])]
 
     async def get_node(self, name: str) -> SlurmNode:

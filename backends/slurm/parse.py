@@ -55,7 +55,9 @@ def _number(value: Any) -> int:
 def job_from_json(raw: dict[str, Any]) -> SlurmJob:
     state = raw.get("job_state")
     if isinstance(state, list):  # 23.02+: ["PENDING", "REQUEUED"]
-        state = state[0] if state else "UNKNOWN"
+        # A requeued job is ["PENDING", "COMPLETING"] while its processes still exit (22.05 says
+        # COMPLETING): until they are gone, it may still write a checkpoint.
+        state = "COMPLETING" if "COMPLETING" in state else state[0] if state else "UNKNOWN"
     return SlurmJob(
         job_id=_number(raw["job_id"]),
         name=raw.get("name") or "",

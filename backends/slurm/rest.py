@@ -19,6 +19,7 @@ from contracts.models import SlurmJob, SlurmNode
 _JOB_READS = frozenset({"ping", "list_jobs", "get_job"})
 _READS = _JOB_READS | {"get_node"}
 _NODE_UPDATES = frozenset({"update_node", "set_node_comment"})
+_JOB_UPDATES = frozenset({"set_excluded_nodes", "release_job"})
 # What each OpenAPI version of slurmrestd can do for a recovery (measured on 22.05.8 and 24.11.5).
 # No version can requeue a job: that always goes through the CLI. v0.0.38 (22.05) cannot update
 # nodes, and its node schema has no `comment` (where a spare's claim is kept): nodes are read
@@ -26,9 +27,9 @@ _NODE_UPDATES = frozenset({"update_node", "set_node_comment"})
 # go over REST only with v0.0.42, which reports the failure in `status[]`.
 KNOWN_VERSIONS: dict[str, frozenset[str]] = {
     "v0.0.38": _JOB_READS | {"signal_job"},
-    "v0.0.40": _READS | _NODE_UPDATES,
-    "v0.0.41": _READS | _NODE_UPDATES,
-    "v0.0.42": _READS | _NODE_UPDATES | {"signal_job"},
+    "v0.0.40": _READS | _NODE_UPDATES | _JOB_UPDATES,
+    "v0.0.41": _READS | _NODE_UPDATES | _JOB_UPDATES,
+    "v0.0.42": _READS | _NODE_UPDATES | _JOB_UPDATES | {"signal_job"},
 }
 
 
@@ -43,7 +44,17 @@ ENDPOINTS: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
     "update_node": ("POST", "/node/{node_name}", (), ("state", "reason")),
     "set_node_comment": ("POST", "/node/{node_name}", (), ("comment",)),
     "signal_job": ("DELETE", "/job/{job_id}", ("signal", "flags"), ()),
+    "set_excluded_nodes": ("POST", "/job/{job_id}", (), ("excluded_nodes",)),
+    "release_job": ("POST", "/job/{job_id}", (), ("hold",)),
 }
+
+
+def _says_not_found(error: dict[str, Any]) -> bool:
+    text = f"{error.get('error', '')} {error.get('description', '')}"
+    # 24.11 reports a missing node as "Failure to query node X" with "No error" (error number 0);
+    # the same description with another number is some other failure (1007: authentication).
+    return ("Invalid job id" in text or "Invalid node name" in text
+            or (text.strip().startswith("No error Failure to query node") and not error.get("error_number")))
 
 
 class SlurmRest:
@@ -69,7 +80,10 @@ class SlurmRest:
         if not usable:
             raise Unsupported(f"slurmrestd serves {sorted(served)}; this client knows {sorted(KNOWN_VERSIONS)}")
         self.version = usable[-1]
-        await self._call("ping")
+        # 24.11 answers a ping with a bad token 200, saying slurmctld is DOWN
+        pings = (await self._call("ping")).get("pings") or []
+        if not pings or any(p.get("pinged", p.get("ping")) != "UP" for p in pings):
+            raise SlurmUnavailable(f"slurmctld does not answer through slurmrestd (token refused?): {pings}")
         return self.version
 
     def supports(self, operation: str) -> bool:
@@ -84,8 +98,9 @@ class SlurmRest:
             body = resp.json() if resp.content else {}
         except ValueError:
             body = {}
-        errors = [e.get("error") or e.get("description") or str(e) for e in body.get("errors") or []]
-        if resp.status_code == 404 or any("Invalid job id" in str(e) or "Invalid node name" in str(e) for e in errors):
+        raw_errors = body.get("errors") or []
+        errors = [e.get("error") or e.get("description") or str(e) for e in raw_errors]
+        if resp.status_code == 404 or any(_says_not_found(e) for e in raw_errors):
             raise SlurmNotFound(f"{method} {url}: {resp.status_code} {errors}")
         if resp.status_code >= 500 or resp.status_code in (401, 403, 429):
             raise SlurmUnavailable(f"{method} {url}: {resp.status_code} {errors or resp.text[:200]}")
@@ -145,7 +160,8 @@ class SlurmRest:
         raise Unsupported("slurmrestd has no requeue")
 
     async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> None:
-        raise Unsupported(f"slurmrestd {self.version}: excluded nodes go through the CLI")
+        await self._call("set_excluded_nodes", body={"excluded_nodes": nodes}, job_id=job_id)
 
     async def release_job(self, job_id: int) -> None:
-        raise Unsupported(f"slurmrestd {self.version}: release goes through the CLI")
+        # Releases a job held by `scontrol requeuehold` as `scontrol release` does (measured on 24.11).
+        await self._call("release_job", body={"hold": False}, job_id=job_id)

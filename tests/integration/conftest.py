@@ -19,6 +19,7 @@ def stack_settings(local_stack, cluster: dict[str, str], task_queue: str, **over
     return Settings(
         TEMPORAL_ADDRESS="unused",
         SLURM_CONF=cluster["SLURM_CONF"],
+        SLURM_BIN_DIR=cluster.get("SLURM_BIN_DIR", ""),
         SLURMRESTD_URL=cluster["SLURMRESTD_URL"],
         SLURMRESTD_USER=cluster["SLURMRESTD_USER"],
         SLURMRESTD_TOKEN=cluster["SLURMRESTD_TOKEN"],

@@ -13,7 +13,11 @@ from trainer import checkpoint as ckpt
 pytestmark = pytest.mark.slurm
 
 
-async def test_xid79_drill_recovers_the_job_from_its_latest_complete_checkpoint(drill, recovery_worker):
+# Which path each action takes, per Slurm generation (the README's table).
+NODE_UPDATE_PATH = {"22.05": "cli", "24.11": "rest"}
+
+
+async def test_xid79_drill_recovers_the_job_from_its_latest_complete_checkpoint(drill, recovery_worker, local_stack):
     result = await drill.run(DrillOptions(xid=79))
     r = result.report
     assert r.outcome == "recovered", r.model_dump_json(indent=1)
@@ -38,7 +42,11 @@ async def test_xid79_drill_recovers_the_job_from_its_latest_complete_checkpoint(
     actions = {a.action: a for a in r.actions}
     assert {"drain_node", "signal_job", "requeue_hold", "exclude_nodes", "release_job", "down_node",
             "claim_spare", "resume_spare"} <= set(actions)
-    assert actions["drain_node"].path == "cli" and actions["signal_job"].path == "rest"
+    node_path = NODE_UPDATE_PATH[local_stack.slurm_generation]
+    assert [actions[a].path for a in ("drain_node", "down_node", "claim_spare", "resume_spare")] == [node_path] * 4
+    assert actions["signal_job"].path == "rest"
+    assert actions["requeue_hold"].path == "cli"  # no slurmrestd version can requeue
+    assert {actions[a].path for a in ("exclude_nodes", "release_job")} == {node_path}
     assert all(a.actor.startswith("drill by ") for a in r.actions)
     resumes = ckpt.read_resume_records(Path(result.run_dir))
     assert [rec["restart_count"] for rec in resumes] == [0, 1]

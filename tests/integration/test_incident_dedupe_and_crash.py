@@ -46,7 +46,7 @@ async def test_worker_killed_mid_recovery_finishes_and_requeues_exactly_once(
     stack = dataclasses.replace(local_stack, task_queue=settings.task_queue,
                                 temporal_port=int(address.rsplit(":", 1)[1]))
     stack.start_worker(slurm_cluster)
-    first_pid = int((stack.state_dir / "worker.pid").read_text())
+    first_pid = int(stack.worker_pidfile.read_text())
     try:
         run = await drill.start(DrillOptions(xid=79))
 
@@ -59,7 +59,7 @@ async def test_worker_killed_mid_recovery_finishes_and_requeues_exactly_once(
         os.kill(first_pid, signal.SIGKILL)
         await wait_async(lambda: asyncio.sleep(0, result=not stack.worker_running()), 10, "the worker to die")
         stack.start_worker(slurm_cluster)
-        second_pid = int((stack.state_dir / "worker.pid").read_text())
+        second_pid = int(stack.worker_pidfile.read_text())
         assert second_pid != first_pid
         started = time.monotonic()
         result = await drill.finish(run, 300)
@@ -85,10 +85,10 @@ async def test_worker_stops_cleanly_on_sigterm(temporal_env, local_stack, slurm_
     address = temporal_env.client.service_client.config.target_host
     stack = dataclasses.replace(local_stack, task_queue=settings.task_queue,
                                 temporal_port=int(address.rsplit(":", 1)[1]))
-    log = stack.state_dir / "worker.log"
+    log = stack.worker_pidfile.with_suffix(".log")
     offset = log.stat().st_size if log.exists() else 0
     stack.start_worker(slurm_cluster)
-    pid = int((stack.state_dir / "worker.pid").read_text())
+    pid = int(stack.worker_pidfile.read_text())
     try:
         await wait_async(lambda: asyncio.sleep(0, result="worker polling" in log.read_text()[offset:]),
                          30, "the worker to poll")

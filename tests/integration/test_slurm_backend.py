@@ -139,3 +139,26 @@ async def test_every_field_read_is_in_the_served_response_schemas(backends, open
     if rest.supports("get_node"):
         nodes = _response_items(openapi, _operation(openapi, rest.version, "GET", "/node/{node_name}"), "nodes")
         assert set(NODE_FIELDS) <= set(nodes), set(NODE_FIELDS) - set(nodes)
+
+
+async def test_a_resumed_node_is_in_service_whatever_reason_slurm_keeps(backends, local_stack):
+    """24.11 keeps the drain reason after RESUME (22.05 clears it): state, not reason, decides."""
+    from backends.replacement import SPARE_STANDBY_REASON, HotSparePool
+    from contracts.models import ActionContext
+    from starter.localstack import wait_async
+
+    cli, _, client = backends
+    await client.update_node(COMPUTE_NODE, "DRAIN", f"recovery: {SPARE_STANDBY_REASON}")
+    await client.update_node(COMPUTE_NODE, "RESUME", None)
+
+    async def in_service():
+        node = await client.get_node(COMPUTE_NODE)
+        return node if node.in_service else None
+
+    node = await wait_async(in_service, 30, f"{COMPUTE_NODE} back in service")
+    kept = local_stack.slurm_generation != "22.05"
+    assert (node.reason == f"recovery: {SPARE_STANDBY_REASON}") is kept
+    # A node in service is no spare on standby, even with the standby reason still on it.
+    ctx = ActionContext(incident_id="t", owner="recovery", actor="pytest", reason="test", xid=79)
+    result = await HotSparePool(client).request("gpu-1", [COMPUTE_NODE], ctx)
+    assert result.node is None and result.actions == []

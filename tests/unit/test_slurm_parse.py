@@ -36,6 +36,15 @@ def test_job_newer_shape_with_wrapped_numbers():
     assert (job.state, job.held, job.nodes, job.restart_count) == ("PENDING", True, [], 2)
 
 
+def test_requeued_job_still_completing_is_not_pending_yet():
+    job = job_from_json({"job_id": 12, "job_state": ["PENDING", "COMPLETING"], "state_reason": "JobHeldUser",
+                         "priority": {"set": True, "number": 0}})
+    assert job.state == "COMPLETING" and not job.held
+    job = job_from_json({"job_id": 12, "job_state": ["PENDING"], "state_reason": "JobHeldUser",
+                         "priority": {"set": True, "number": 0}})
+    assert job.state == "PENDING" and job.held
+
+
 def test_host_lists_expand():
     assert expand_nodes("gpu-[1-2,4],login1") == ["gpu-1", "gpu-2", "gpu-4", "login1"]
     assert expand_nodes(None) == [] and expand_nodes("") == []
