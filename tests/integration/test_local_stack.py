@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slurm
 # A stack of its own: apart from the drills' (16800) and the session cluster's (17800); the
 # other generation listens on 19800.
 STATE_DIR = Path("/tmp/training-recovery-stack-tests")
-PORT_BASE = 18800
+PORT_BASE = 20800  # apart from the other tests' clusters (17800, 18800) and a drill's (16800, 17800)
 GENERATIONS = ("22.05", "24.11")
 # The REST API versions each generation serves (22.05: one plugin each; 24.11: data parsers)
 REST_VERSIONS = {"22.05": {"v0.0.36", "v0.0.37", "v0.0.38"}, "24.11": {"v0.0.40", "v0.0.41", "v0.0.42"}}
@@ -101,7 +101,7 @@ def mounts_under(root: Path) -> list[str]:
     return sorted(found)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def clusters():
     stacks = {g: LocalStack(state_dir=STATE_DIR, slurm_port_base=PORT_BASE, slurm_version=g,
                             temporal_port=0, ui_port=0) for g in GENERATIONS}
