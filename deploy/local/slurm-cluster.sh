@@ -354,10 +354,11 @@ wait_until() {
 }
 
 nodes_registered() {
-  # every node answers (no '*' = not responding, no 'unk' = never registered)
+  # every node answers (no '*' = not responding, no 'unk' = never registered); a node an
+  # operator or an incident set DOWN is registered all the same (and stays DOWN)
   local states
   states=$(slurm sinfo -h -N -o '%T' 2>/dev/null) || return 1
-  [ -n "$states" ] && ! grep -qE '\*|unknown|not_responding|down' <<<"$states"
+  [ -n "$states" ] && ! grep -qE '\*|unknown|not_responding' <<<"$states"
 }
 
 restd_answers() {
