@@ -38,10 +38,13 @@ class StackError(RuntimeError):
 
 @dataclass
 class LocalStack:
-    state_dir: Path = field(default_factory=lambda: Path(os.environ.get("RECOVERY_STATE_DIR", "/tmp/training-recovery")))
-    temporal_port: int = 7233
-    ui_port: int = 8233
-    slurm_port_base: int = 16800
+    # Defaults from the environment, so that two local stacks (say a drill's and the tests') can
+    # run side by side.
+    state_dir: Path = field(default_factory=lambda: Path(_env("RECOVERY_STATE_DIR", "/tmp/training-recovery")))
+    temporal_port: int = field(default_factory=lambda: int(_env("RECOVERY_LOCAL_TEMPORAL_PORT", "7233")))
+    ui_port: int = field(default_factory=lambda: int(_env("RECOVERY_LOCAL_UI_PORT", "8233")))
+    # the host generation's Slurm ports start here; the other generation's 1000 above
+    slurm_port_base: int = field(default_factory=lambda: int(_env("RECOVERY_LOCAL_SLURM_PORT_BASE", "16800")))
     task_queue: str = "training-recovery"
     # None: the host's Slurm; "22.05" or "24.11": that generation, from a Debian root if the
     # host's is the other one
@@ -272,6 +275,10 @@ def _run_script(argv: list[str], env: dict[str, str], what: str, timeout: float)
     if result.returncode != 0:
         raise StackError(f"{what}: {result.stderr.strip()}")
     return result.stdout.strip()
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name) or default
 
 
 def _alive(pidfile: Path) -> bool:

@@ -49,7 +49,7 @@ def local_stack(request) -> LocalStack:
     """Every test on the real cluster runs on both Slurm generations (22.05 and 24.11): the
     host's from Debian's packages, the other from a Debian root. The stack has its own state dir
     and ports, so tests never touch a drill's stack."""
-    return LocalStack(state_dir=Path("/tmp/training-recovery-tests"), slurm_port_base=17800,
+    return LocalStack(state_dir=Path("/tmp/training-recovery-tests"), slurm_port_base=24800,
                       temporal_port=0, ui_port=0, slurm_version=request.param)
 
 

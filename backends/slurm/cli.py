@@ -97,7 +97,13 @@ class SlurmCli:
         raise SlurmNotFound(f"node {name} is not in this cluster")
 
     async def list_jobs(self) -> list[SlurmJob]:
-        data = await self._json("squeue", "--json")
+        # Every job slurmctld still knows, finished ones included (MinJobAge): 22.05's
+        # squeue --json lists them all; from 23.02 on, squeue leaves finished jobs out and
+        # `scontrol show job --json` has them.
+        if await self.version() >= (23, 2):
+            data = await self._json("scontrol", "show", "job", "--json")
+        else:
+            data = await self._json("squeue", "--json")
         return [job_from_json(raw) for raw in data.get("jobs", [])]
 
     async def get_job(self, job_id: int) -> SlurmJob:

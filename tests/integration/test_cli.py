@@ -51,6 +51,9 @@ def test_drill_json_on_a_fresh_local_stack_then_status_and_stack_down(tmp_path):
     env = {
         "RECOVERY_STATE_DIR": str(tmp_path / "stack"),
         "RECOVERY_TASK_QUEUE": f"cli-test-{uuid.uuid4()}",
+        # ports of its own: a drill's stack (7233, 8233, 16800) may be up on this machine
+        "RECOVERY_LOCAL_TEMPORAL_PORT": "7633", "RECOVERY_LOCAL_UI_PORT": "8633",
+        "RECOVERY_LOCAL_SLURM_PORT_BASE": "23800",
     }
     temporal_before = json.loads(recovery("stack", "status", env=env).stdout)["temporal"]
     try:
@@ -65,7 +68,7 @@ def test_drill_json_on_a_fresh_local_stack_then_status_and_stack_down(tmp_path):
         assert report["node"] in job["nodes_before"] and report["node"] not in job["nodes_after"]
         assert "phase: verify" in drill.stderr  # the live progress went to stderr, the report to stdout
 
-        status = recovery("status", "--json", report["node"], env=env)
+        status = recovery("status", "--json", report["node"], env={**env, "TEMPORAL_ADDRESS": "127.0.0.1:7633"})
         assert status.returncode == 0, status.stderr
         incidents = {row["incident_id"]: row for row in json.loads(status.stdout) if "incident_id" in row}
         assert incidents[report["incident_id"]]["outcome"] == "recovered"

@@ -23,10 +23,10 @@ from trainer import checkpoint as ckpt
 
 pytestmark = pytest.mark.slurm
 
-# A stack of its own: apart from the drills' (16800) and the session cluster's (17800); the
-# other generation listens on 19800.
+# A stack of its own, on ports apart from a drill's (16800, 17800), the session clusters'
+# (24800, 25800) and the CLI test's (23800); the other generation listens 1000 above.
 STATE_DIR = Path("/tmp/training-recovery-stack-tests")
-PORT_BASE = 20800  # apart from the other tests' clusters (17800, 18800) and a drill's (16800, 17800)
+PORT_BASE = 20800
 GENERATIONS = ("22.05", "24.11")
 # The REST API versions each generation serves (22.05: one plugin each; 24.11: data parsers)
 REST_VERSIONS = {"22.05": {"v0.0.36", "v0.0.37", "v0.0.38"}, "24.11": {"v0.0.40", "v0.0.41", "v0.0.42"}}
@@ -67,9 +67,8 @@ def poll(check: Callable[[], T], seconds: float, what: str) -> T:
 
 def processes_of(stack: LocalStack) -> list[str]:
     """Processes that mention the cluster's base (command line or environment, as SLURM_CONF
-    does) or run from its Debian root."""
+    does). Not every process in its Debian root: another cluster may share the root."""
     marks = [f"{stack.slurm_base}/".encode(), f"{stack.slurm_base.resolve()}/".encode()]
-    root = str(stack.slurm_root) if stack.slurm_root else None
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
@@ -77,28 +76,19 @@ def processes_of(stack: LocalStack) -> list[str]:
         try:
             cmdline = (proc / "cmdline").read_bytes()
             environ = (proc / "environ").read_bytes()
-            proc_root = os.readlink(proc / "root")
         except OSError:
             continue  # gone meanwhile
-        if any(m in cmdline or m in environ for m in marks) or proc_root == root:
+        if any(m in cmdline or m in environ for m in marks):
             command = cmdline.replace(b"\0", b" ").decode(errors="replace")
             found.append(f"{proc.name}: {command}")
     return found
 
 
 def mounts_under(root: Path) -> list[str]:
-    """Mount points under root in any process's mount namespace."""
-    found = set()
-    for mountinfo in Path("/proc").glob("[0-9]*/mountinfo"):
-        try:
-            lines = mountinfo.read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            point = line.split()[4]
-            if point == str(root) or point.startswith(f"{root}/"):
-                found.add(point)
-    return sorted(found)
+    """Mount points under root in the host's mount namespace. The nodes' private namespaces
+    die with their processes (checked by processes_of); another cluster may share the root."""
+    points = (line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines())
+    return sorted(p for p in points if p == str(root) or p.startswith(f"{root}/"))
 
 
 @pytest.fixture(scope="module")
