@@ -186,6 +186,10 @@ class LocalStack:
             env["PATH"] = cluster["SLURM_BIN_DIR"] + os.pathsep + env.get("PATH", os.defpath)
         return env
 
+    def kill_node(self, node: str) -> None:
+        """A node's hardware death (its slurmd and jobs); start_slurm brings it back."""
+        _run_script([str(SLURM_SCRIPT), "node-kill", node], self.slurm_env(), f"{node} was not killed", timeout=60)
+
     def stop_slurm(self) -> None:
         subprocess.run(["bash", str(SLURM_SCRIPT), "stop"], env=self.slurm_env(),
                        capture_output=True, text=True, timeout=120)

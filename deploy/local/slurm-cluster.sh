@@ -14,7 +14,7 @@
 # What differs between Slurm generations is keyed on the version of the binaries
 # (slurmctld -V), never on the Debian release.
 #
-#   slurm-cluster.sh start|stop|status|env|version
+#   slurm-cluster.sh start|stop|status|env|version|node-kill NODE
 #
 # Knobs (environment): SLURM_BASE (/tmp/training-recovery/slurm), SLURM_NODES (4),
 # SLURM_SPARES (1), SLURM_PORT_BASE (16800: ctld +17, restd +20, slurmd +101..),
@@ -456,6 +456,19 @@ cmd_stop() {
   log "stopped"
 }
 
+# A node's hardware death: SIGKILL to everything in its namespace (slurmd and its jobs). `start`
+# brings it back, as a repaired node that boots again.
+cmd_node_kill() {
+  local node=${1:?usage: node-kill NODE} pid
+  [[ $node =~ ^[A-Za-z0-9._-]+$ ]] || die "invalid node name: $node"
+  pid=$(pid_in "$BASE/run/node-$node.pid")
+  [ -n "$pid" ] || die "no running node $node in $BASE"
+  pkill -KILL -P "$pid" 2>/dev/null || true
+  kill -KILL "$pid" 2>/dev/null || true
+  wait_gone "$pid"
+  rm -f "$BASE/run/node-$node.pid"
+}
+
 cmd_status() {
   local f ok=0
   for f in munged slurmctld slurmrestd; do
@@ -472,6 +485,7 @@ case "${1:-}" in
   stop) cmd_stop ;;
   status) cmd_status ;;
   env) cat "$BASE/env.sh" ;;
+  node-kill) cmd_node_kill "${2:-}" ;;
   version) use_root "$ROOT"; ensure_slurm; echo "$VERSION" ;;
-  *) echo "usage: $0 start|stop|status|env|version" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|status|env|version|node-kill NODE" >&2; exit 2 ;;
 esac

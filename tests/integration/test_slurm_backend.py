@@ -162,3 +162,31 @@ async def test_a_resumed_node_is_in_service_whatever_reason_slurm_keeps(backends
     ctx = ActionContext(incident_id="t", owner="recovery", actor="pytest", reason="test", xid=79)
     result = await HotSparePool(client).request("gpu-1", [COMPUTE_NODE], ctx)
     assert result.node is None and result.actions == []
+
+
+async def test_a_node_downed_by_the_controller_stays_down_when_its_slurmd_returns(backends, local_stack):
+    """ReturnToService=1 on both generations: Slurm returns a node that was DOWN only for not
+    responding, never one an administrator (here the controller) set DOWN. A fence that a
+    rebooting node undid by itself would let jobs land on a broken GPU."""
+    from starter.localstack import wait_async
+
+    _, _, client = backends
+    reason = "recovery: XID 79 test fence"
+    await client.update_node(COMPUTE_NODE, "DOWN", reason)
+    try:
+        local_stack.kill_node(COMPUTE_NODE)
+        await wait_async(lambda: _not_responding(client), 40, f"{COMPUTE_NODE} to stop responding")
+        local_stack.start_slurm()  # the node boots again and its slurmd registers
+
+        async def registered():
+            node = await client.get_node(COMPUTE_NODE)
+            return node if node.responding else None
+
+        node = await wait_async(registered, 40, f"{COMPUTE_NODE} to register again")
+        assert node.state == "down" and node.reason.startswith(reason), node
+    finally:
+        await client.update_node(COMPUTE_NODE, "RESUME", None)
+
+
+async def _not_responding(client) -> bool:
+    return not (await client.get_node(COMPUTE_NODE)).responding
