@@ -81,7 +81,7 @@ async def test_unknown_xid_drains_keeps_the_job_and_escalates(drill, recovery_wo
     assert r.outcome.startswith("escalated"), r.outcome
     assert result.passed, result.checks
     node = await drill.slurm.get_node(r.node)
-    assert node.drained and node.reason.startswith(f"recovery: XID 45 ")
+    assert node.drained and node.reason.startswith("recovery: XID 45 ")
     job = await drill.slurm.get_job(result.job_id)
     assert job.restart_count == 0
 
