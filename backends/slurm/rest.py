@@ -145,6 +145,8 @@ class SlurmRest:
 
     async def signal_job(self, job_id: int, signal: str) -> None:
         # The batch shell and every step, like scancel --full (v0.0.38 has no flags: it does that).
+        # Needs an administrator's token: a REST signal with a non-admin token deadlocks
+        # slurmctld 24.11.5 (3 of 3 tries); scancel's older RPC refuses it cleanly.
         params = {"signal": signal}
         if self.version != "v0.0.38":
             params["flags"] = "FULL_JOB"
