@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.fencing import FencingActivities
@@ -79,6 +79,7 @@ class NodeRecoveryWorkflow:
         self._phases: list[Phase] = []
         self._actions: list[ActionRecord] = []
         self._classification: FaultClassification | None = None
+        self._jobs: list[JobSnapshot] = []
         self._outcome: str | None = None
 
     @workflow.signal
@@ -139,18 +140,29 @@ class NodeRecoveryWorkflow:
             reason=f"{first.source}: {first.reason}", xid=first.xid, mnemonic=cls.mnemonic,
         )
         if cls.fault_class == FaultClass.APPLICATION:
-            return self._finish(first, "none", "no_node_action", [], [], None)
+            return self._finish(first, "none", "no_node_action", [], None)
+        action = "fence_and_escalate" if cls.fault_class == FaultClass.UNKNOWN else "recover"
+        try:
+            return await self._recover(req, first, cls, ctx, action)
+        except ActivityError as err:
+            # A final failure (a node or job Slurm does not know, a deadline passed): the incident
+            # ends in an explicit failed state, with the report of what was done before it.
+            why = f"failed in {self._phase}: {_cause(err)}"
+            self._note(why)
+            return self._finish(first, action, why, [], None)
 
+    async def _recover(self, req: RecoveryRequest, first: NodeFailureAlert, cls: FaultClassification,
+                       ctx: ActionContext, action: str) -> IncidentReport:
+        policy = req.policy
         fence = await self._step("drain", workflow.execute_activity_method(
             FencingActivities.drain_node, NodeRequest(node=req.node, ctx=ctx), **SLURM_CALL,
         ))
         self._actions.append(fence.action)
         self._note(fence.action.detail)
         if cls.fault_class == FaultClass.UNKNOWN:
-            return self._finish(first, "fence_and_escalate",
-                                "escalated: unknown XID, node drained, jobs left running", [], [], None)
+            return self._finish(first, action, "escalated: unknown XID, node drained, jobs left running", [], None)
 
-        jobs = await self._step("find_jobs", workflow.execute_activity_method(
+        jobs = self._jobs = await self._step("find_jobs", workflow.execute_activity_method(
             JobActivities.find_jobs, req.node, **SLURM_CALL,
         ))
         self._note(", ".join(str(j.job.job_id) for j in jobs) or "no jobs")
@@ -191,7 +203,7 @@ class NodeRecoveryWorkflow:
                                                                  policy.verify_deadline_seconds))
         self._note("; ".join(f"job {v.job_id}: {'ok' if v.verified else ', '.join(v.why_not)}" for v in verifications))
         outcome = _outcome(replacement.detail if replacement.node is None else None, spare, verifications)
-        return self._finish(first, "recover", outcome, jobs, verifications, spare)
+        return self._finish(first, action, outcome, verifications, spare)
 
     def _skip(self, name: str, why: str) -> None:
         now = workflow.now()
@@ -260,7 +272,7 @@ class NodeRecoveryWorkflow:
         return results
 
     def _finish(
-        self, first: NodeFailureAlert, action: str, outcome: str, jobs: list[JobSnapshot],
+        self, first: NodeFailureAlert, action: str, outcome: str,
         verifications: list[JobVerification], spare: SpareResult | None,
     ) -> IncidentReport:
         assert self._classification is not None
@@ -269,8 +281,15 @@ class NodeRecoveryWorkflow:
         return build_report(
             incident_id=self._incident_id, node=self._node, classification=self._classification,
             action=action, outcome=outcome, failure_at=first.observed_at, phases=self._phases,
-            jobs=jobs, verifications=verifications, spare=spare, alerts=self._alerts, actions=self._actions,
+            jobs=self._jobs, verifications=verifications, spare=spare, alerts=self._alerts, actions=self._actions,
         )
+
+
+def _cause(err: ActivityError) -> str:
+    cause = err.cause
+    if isinstance(cause, ApplicationError):
+        return f"{cause.type}: {cause.message}" if cause.type else cause.message
+    return str(cause or err)
 
 
 def _outcome(no_replacement: str | None, spare: SpareResult | None, verifications: list[JobVerification]) -> str:

@@ -119,3 +119,21 @@ async def test_node_drained_by_someone_else_is_left_as_found(drill, recovery_wor
     assert next(p for p in r.phases if p.name == "mark_down").result.startswith("skipped")
     node = await drill.slurm.get_node(r.node)
     assert node.reason == operator_reason and node.state != "down"
+
+
+async def test_alert_for_a_node_slurm_does_not_know_fails_cleanly_and_changes_nothing(
+    drill, recovery_worker, temporal_env
+):
+    from contracts.models import NodeFailureAlert
+    from starter.alerts import raise_alert
+
+    async def fences():
+        return [(n.name, n.drained, n.state == "down", n.reason, n.comment) for n in await drill.slurm.list_nodes()]
+
+    before = await fences()
+    alert = NodeFailureAlert(node="gpu-99", xid=79, source="test", actor="pytest")
+    handle = await raise_alert(temporal_env.client, alert, drill.stack.task_queue, drill.policy)
+    report = await handle.result()
+    assert report.outcome.startswith("failed in drain: SlurmNotFound"), report.outcome
+    assert report.actions == [] and report.jobs == []
+    assert await fences() == before

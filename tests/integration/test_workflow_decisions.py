@@ -52,9 +52,10 @@ class StandIns:
     """Activities that answer like a healthy cluster; each test changes what it needs."""
 
     def __init__(self, fault_class: FaultClass, checkpoint_arrives: bool = True, spare: str | None = "gpu-5",
-                 verified: bool = True):
+                 verified: bool = True, unknown_node: bool = False):
         self.fault_class, self.checkpoint_arrives, self.spare, self.verified = (
             fault_class, checkpoint_arrives, spare, verified)
+        self.unknown_node = unknown_node
         self.calls: list[str] = []
         self.checkpoint_looks = 0
 
@@ -64,6 +65,9 @@ class StandIns:
             return FaultClassification(xid=xid, fault_class=self.fault_class, policy_source="test")
 
         async def fence(req: NodeRequest, name: str) -> NodeFenceResult:
+            if self.unknown_node:
+                raise ApplicationError(f"node {req.node} is not in this cluster", type="SlurmNotFound",
+                                       non_retryable=True)
             self.calls.append(name)
             node = SlurmNode(name=req.node, state="idle", flags=["DRAIN"])
             return NodeFenceResult(node=req.node, before=node, after=node, changed=True,
@@ -180,3 +184,11 @@ async def test_application_xid_touches_nothing(time_skipping_env):
     stand_ins = StandIns(FaultClass.APPLICATION)
     report = await run_incident(time_skipping_env, stand_ins, xid=13)
     assert (report.action, report.outcome, stand_ins.calls) == ("none", "no_node_action", [])
+
+
+async def test_a_final_activity_failure_ends_in_an_explicit_failed_state(time_skipping_env):
+    stand_ins = StandIns(FaultClass.FATAL, unknown_node=True)
+    report = await run_incident(time_skipping_env, stand_ins, xid=79)
+    assert report.outcome == "failed in drain: SlurmNotFound: node gpu-2 is not in this cluster"
+    assert phase(report, "drain").result == report.outcome
+    assert stand_ins.calls == []  # nothing after the failed step
