@@ -14,37 +14,55 @@ import sys
 from contextlib import AsyncExitStack
 from datetime import timedelta
 
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
+from temporalio.service import RPCError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from activities.fencing import FencingActivities
 from activities.jobs import JobActivities
 from activities.replacement import ReplacementActivities
+from activities.telemetry import TelemetryActivities
 from activities.xid_policy import ClassifyActivities, XidPolicyTable
 from backends.checkpoints import CheckpointStore
 from backends.health import HealthCheck
 from backends.replacement import HotSparePool
 from backends.slurm import SlurmCli, SlurmClient, SlurmRest, SlurmUnavailable, Unsupported
-from contracts.settings import Settings
+from contracts import search_attributes
+from contracts.settings import ConfigError, Settings, load_settings, load_telemetry_settings
+from observability.metrics import DEFAULT as DEFAULT_METRICS, RecoveryMetrics
+from observability.telemetry import Telemetry
 from workflows.node_recovery import NodeRecoveryWorkflow
 
 log = logging.getLogger("training_recovery.worker")
 
 
-async def connect(settings: Settings, attempts: int = 50) -> Client:
+async def connect(settings: Settings, attempts: int = 50, **options) -> Client:
     """Connect to Temporal, retrying the first dial (the SDK does not) while a server starts."""
     for attempt in range(1, attempts + 1):
         try:
             return await Client.connect(
                 settings.temporal_address, namespace=settings.temporal_namespace,
-                data_converter=pydantic_data_converter,
+                data_converter=pydantic_data_converter, **options,
             )
         except RuntimeError:
             if attempt == attempts:
                 raise
             await asyncio.sleep(0.2)
     raise AssertionError("unreachable")
+
+
+async def register_search_attributes(client: Client, namespace: str) -> None:
+    """Create the incident search attributes the workflow sets (idempotent: existing ones stay)."""
+    listed = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=namespace))
+    missing = {key.name: key.indexed_value_type for key in search_attributes.ALL
+               if key.name not in listed.custom_attributes}
+    if missing:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=namespace, search_attributes={name: int(kind) for name, kind in missing.items()}))
+        log.info("registered search attributes %s", ", ".join(sorted(missing)))
 
 
 async def build_slurm(settings: Settings, stack: AsyncExitStack) -> SlurmClient:
@@ -63,7 +81,7 @@ async def build_slurm(settings: Settings, stack: AsyncExitStack) -> SlurmClient:
     return SlurmClient(cli, rest)
 
 
-def activities_for(settings: Settings, slurm: SlurmClient) -> list:
+def activities_for(settings: Settings, slurm: SlurmClient, metrics: RecoveryMetrics = DEFAULT_METRICS) -> list:
     checkpoints = CheckpointStore()
     classify = ClassifyActivities(XidPolicyTable(settings.xid_policy_file))
     fencing = FencingActivities(slurm)
@@ -80,6 +98,7 @@ def activities_for(settings: Settings, slurm: SlurmClient) -> list:
         jobs.verify_restart,
         replacement.request_replacement,
         replacement.wait_for_spare,
+        TelemetryActivities(metrics).record_incident,
     ]
 
 
@@ -99,15 +118,28 @@ def build_worker(client: Client, task_queue: str, activities: list, **options) -
 async def main() -> None:
     logging.basicConfig(level=os.environ.get("RECOVERY_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings()
+    try:
+        settings = load_settings()
+        telemetry = Telemetry.start(load_telemetry_settings(), settings.prometheus_address)
+    except ConfigError as e:
+        sys.exit(f"worker: {e}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with AsyncExitStack() as stack:
-        client = await connect(settings)
+        stack.callback(telemetry.shutdown)
+        client = await connect(settings, runtime=telemetry.runtime)
+        if settings.search_attributes:
+            try:
+                await register_search_attributes(client, settings.temporal_namespace)
+            except RPCError as e:
+                # An incident whose attributes are not defined cannot make progress: say so now.
+                sys.exit(f"cannot register the incident search attributes ({e}): create them as the README "
+                         "shows, or set RECOVERY_SEARCH_ATTRIBUTES=false")
         slurm = await build_slurm(settings, stack)
-        async with build_worker(client, settings.task_queue, activities_for(settings, slurm)):
+        async with build_worker(client, settings.task_queue, activities_for(settings, slurm),
+                                **telemetry.worker_options()):
             log.info("worker polling %s on %s/%s", settings.task_queue, settings.temporal_address,
                      settings.temporal_namespace)
             await stop.wait()

@@ -26,7 +26,8 @@ class FencingActivities:
     async def _fence(
         self, req: NodeRequest, state: NodeUpdate, done: Callable[[SlurmNode], bool]
     ) -> NodeFenceResult:
-        before = await self._slurm.get_node(req.node)
+        slurm = self._slurm.acting(req.ctx.dry_run)
+        before = await slurm.get_node(req.node)
         ours = fenced_by(before, req.ctx)
         if done(before) and ours:
             action = record(f"{state.lower()}_node", req.node, "none", req.ctx, "already done by this incident")
@@ -39,14 +40,15 @@ class FencingActivities:
             )
             return NodeFenceResult(node=req.node, before=before, after=before, changed=False,
                                    owned_by_other=True, action=action)
-        path = await self._slurm.update_node(req.node, state, req.ctx.slurm_reason())
-        after = await self._slurm.get_node(req.node)
+        call = await slurm.update_node(req.node, state, req.ctx.slurm_reason())
+        after = await slurm.get_node(req.node)
+        now = f"{after.state}{'+' + '+'.join(after.flags) if after.flags else ''}"
         action = record(
-            f"{state.lower()}_node", req.node, path, req.ctx,
+            f"{state.lower()}_node", req.node, call, req.ctx,
             f"{before.state}{'+' + '+'.join(before.flags) if before.flags else ''} -> "
-            f"{after.state}{'+' + '+'.join(after.flags) if after.flags else ''}; reason {req.ctx.slurm_reason()!r}",
+            f"{now if call.executed else state + ' (dry-run: not done)'}; reason {req.ctx.slurm_reason()!r}",
         )
-        return NodeFenceResult(node=req.node, before=before, after=after, changed=True,
+        return NodeFenceResult(node=req.node, before=before, after=after, changed=call.executed,
                                owned_by_other=False, action=action)
 
     @activity.defn

@@ -54,8 +54,8 @@ class JobActivities:
 
     @activity.defn
     async def signal_job(self, req: SignalRequest) -> ActionRecord:
-        path = await self._slurm.signal_job(req.job_id, req.signal)
-        return record("signal_job", f"job {req.job_id}", path, req.ctx,
+        call = await self._slurm.acting(req.ctx.dry_run).signal_job(req.job_id, req.signal)
+        return record("signal_job", f"job {req.job_id}", call, req.ctx,
                       f"SIG{req.signal} to the batch shell and every step")
 
     @activity.defn
@@ -78,6 +78,8 @@ class JobActivities:
         """Requeue held, keep the job off the failed node, release. Safe to retry: Slurm's own
         restart count tells whether an earlier attempt already requeued the job."""
         job_id, ctx, actions = req.job.job_id, req.ctx, []
+        if ctx.dry_run:
+            return await self._plan_requeue(req)
         job = await self._slurm.get_job(job_id)
         requeued_now = False
         if job.restart_count == req.job.restart_count:
@@ -86,8 +88,8 @@ class JobActivities:
                                       f"not requeued: job is {job.state} ({job.state_reason})"))
                 return RequeueResult(job_id=job_id, requeued_now=False,
                                      restart_count=job.restart_count, actions=actions)
-            path = await self._slurm.requeue_hold(job_id)
-            actions.append(record("requeue_hold", f"job {job_id}", path, ctx,
+            call = await self._slurm.requeue_hold(job_id)
+            actions.append(record("requeue_hold", f"job {job_id}", call, ctx,
                                   "requeued in held state so it cannot start before it is kept off the node"))
             requeued_now = True
         else:
@@ -98,13 +100,30 @@ class JobActivities:
         at_stop = await self._latest_complete_before_restart(req.job, job.restart_count)
         if req.failed_node not in job.excluded_nodes:
             excluded = sorted({*job.excluded_nodes, req.failed_node})
-            path = await self._slurm.set_excluded_nodes(job_id, excluded)
-            actions.append(record("exclude_nodes", f"job {job_id}", path, ctx, f"ExcNodeList={','.join(excluded)}"))
+            call = await self._slurm.set_excluded_nodes(job_id, excluded)
+            actions.append(record("exclude_nodes", f"job {job_id}", call, ctx, f"ExcNodeList={','.join(excluded)}"))
         if job.held:
-            path = await self._slurm.release_job(job_id)
-            actions.append(record("release_job", f"job {job_id}", path, ctx, "released to run elsewhere"))
+            call = await self._slurm.release_job(job_id)
+            actions.append(record("release_job", f"job {job_id}", call, ctx, "released to run elsewhere"))
         return RequeueResult(job_id=job_id, requeued_now=requeued_now, restart_count=job.restart_count,
                              latest_complete_at_stop=at_stop, actions=actions)
+
+    async def _plan_requeue(self, req: RequeueRequest) -> RequeueResult:
+        """Dry-run: the three calls a requeue makes, described and not made; the job keeps running."""
+        slurm, job_id, ctx = self._slurm.planning(), req.job.job_id, req.ctx
+        job = await slurm.get_job(job_id)
+        excluded = sorted({*job.excluded_nodes, req.failed_node})
+        actions = [
+            record("requeue_hold", f"job {job_id}", await slurm.requeue_hold(job_id), ctx,
+                   "would requeue in held state"),
+            record("exclude_nodes", f"job {job_id}", await slurm.set_excluded_nodes(job_id, excluded), ctx,
+                   f"ExcNodeList={','.join(excluded)}"),
+            record("release_job", f"job {job_id}", await slurm.release_job(job_id), ctx,
+                   "would release to run elsewhere"),
+        ]
+        return RequeueResult(job_id=job_id, requeued_now=False, restart_count=job.restart_count,
+                             latest_complete_at_stop=await self._latest_complete_before_restart(job, job.restart_count + 1),
+                             actions=actions)
 
     async def _latest_complete_before_restart(self, job: SlurmJob, restart_count: int) -> CheckpointRef | None:
         """The checkpoint the restarted job should load. A retried activity may run after the job

@@ -35,7 +35,8 @@ class HotSparePool:
 
     async def request(self, failed_node: str, candidates: list[str], ctx: ActionContext) -> ReplacementResult:
         claim = self.claim_comment(ctx)
-        nodes = [await self._slurm.get_node(name) for name in candidates if name != failed_node]
+        slurm = self._slurm.acting(ctx.dry_run)
+        nodes = [await slurm.get_node(name) for name in candidates if name != failed_node]
         mine = next((n for n in nodes if n.comment == claim), None)
         actions = []
         if mine is None:
@@ -48,9 +49,9 @@ class HotSparePool:
                     node=None, provider=self.name,
                     detail=f"no hot spare on standby among {', '.join(candidates) or 'none configured'}",
                 )
-            path = await self._slurm.set_node_comment(mine.name, claim)
-            actions.append(record("claim_spare", mine.name, path, ctx, f"Comment={claim!r}"))
+            call = await slurm.set_node_comment(mine.name, claim)
+            actions.append(record("claim_spare", mine.name, call, ctx, f"Comment={claim!r}"))
         if mine.drained:
-            path = await self._slurm.update_node(mine.name, "RESUME", None)
-            actions.append(record("resume_spare", mine.name, path, ctx, "hot spare brought into service"))
+            call = await slurm.update_node(mine.name, "RESUME", None)
+            actions.append(record("resume_spare", mine.name, call, ctx, "hot spare brought into service"))
         return ReplacementResult(node=mine.name, provider=self.name, detail="hot spare in service", actions=actions)

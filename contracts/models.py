@@ -75,6 +75,9 @@ class NodeFailureAlert(Contract):
     reason: Annotated[str, Field(min_length=1, max_length=500)] = "GPU fault reported"
     observed_at: datetime = Field(default_factory=utc_now)
     message: Annotated[str, Field(max_length=2000)] = ""
+    observed_on: NodeName | None = Field(
+        None, description="where the symptom was seen, when not on `node`: a peer of the failed node "
+        "whose alert (NVLink, NCCL timeout) was correlated to this node's incident")
 
 
 class RecoveryPolicy(Contract):
@@ -88,6 +91,18 @@ class RecoveryPolicy(Contract):
     spare_nodes: list[NodeName] = Field(default_factory=list)
     spare_wait_seconds: float = Field(300.0, gt=0)
     verify_deadline_seconds: float = Field(600.0, gt=0)
+    dry_run: bool = Field(False, description="observe mode: run every decision, record each action it "
+                          "would take with its exact command, execute none")
+    search_attributes: bool = Field(
+        True, description="keep the incident's search attributes (contracts/search_attributes.py) current; "
+        "off only where they cannot be registered (e.g. Temporal's time-skipping test server)")
+
+
+class OperatorDecision(Contract):
+    """An operator's answer to an incident (workflow updates `approve`, `deny`, `abort`)."""
+
+    actor: Actor
+    reason: Annotated[str, Field(min_length=1, max_length=500)]
 
 
 class RecoveryRequest(Contract):
@@ -201,6 +216,7 @@ class ActionContext(Contract):
     reason: str
     xid: int
     mnemonic: str = ""
+    dry_run: bool = Field(False, description="observe mode: describe every write, execute none")
 
     def slurm_reason(self) -> str:
         """The reason written on Slurm nodes: says whose fence it is, which fault and which incident."""
@@ -268,6 +284,16 @@ class ActionRecord(Contract):
     detail: str = ""
     actor: str
     reason: str
+    command: str = Field("", description="the exact command or API call (method, path, body)")
+    executed: bool = Field(True, description="false in dry-run: the action was only intended")
+
+
+class Invocation(Contract):
+    """How a backend did (or, in dry-run, would do) one write: its path and exact command."""
+
+    path: str
+    command: str
+    executed: bool = True
 
 
 class NodeFenceResult(Contract):
@@ -352,6 +378,7 @@ class IncidentStatus(Contract):
     phases: list[Phase]
     actions: list[ActionRecord]
     outcome: str | None = None
+    peer_nodes: list[str] = Field(default_factory=list, description="nodes that shared a job with the failed node")
 
 
 class JobReport(Contract):
@@ -390,6 +417,9 @@ class IncidentReport(Contract):
     jobs: list[JobReport] = Field(default_factory=list)
     alerts: list[NodeFailureAlert] = Field(default_factory=list)
     actions: list[ActionRecord] = Field(default_factory=list)
+    dry_run: bool = False
+    intended_actions: list[ActionRecord] = Field(
+        default_factory=list, description="dry-run: each action the incident would have taken, not executed")
 
 
 VerifyRequest.model_rebuild()

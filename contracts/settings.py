@@ -1,16 +1,42 @@
-"""Configuration from the environment (and an optional .env-style file), validated at start."""
+"""Configuration in one place: environment variables and an optional file, validated at start.
+
+The file (RECOVERY_CONFIG_FILE) holds the same variables as the environment, one `NAME=value` a
+line; a variable set in the environment wins over the file. OpenTelemetry keeps its standard
+OTEL_* environment variables (TelemetrySettings), which its SDK reads itself.
+`recovery config` prints what is in effect, secrets masked, and where each value came from.
+"""
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from dotenv import dotenv_values
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, DotEnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from contracts.models import RecoveryPolicy, _check_node_name
 
 DEFAULT_XID_POLICY = Path(__file__).with_name("xid_policy.csv")
+CONFIG_FILE_VARIABLE = "RECOVERY_CONFIG_FILE"
+MASK = "********"
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message names the variable and what is wrong."""
+
+
+def config_file() -> Path | None:
+    value = os.environ.get(CONFIG_FILE_VARIABLE)
+    if not value:
+        return None
+    path = Path(value)
+    if not path.is_file():
+        raise ConfigError(f"{CONFIG_FILE_VARIABLE}={value}: no such file")
+    return path
 
 
 class Settings(BaseSettings):
@@ -42,6 +68,21 @@ class Settings(BaseSettings):
     checkpoint_poll_seconds: float = 1.0
     spare_wait_seconds: float = 300.0
     verify_deadline_seconds: float = 600.0
+    search_attributes: bool = True
+    prometheus_address: str = Field(
+        "", description="host:port where the worker serves the Temporal SDK's metrics for Prometheus; empty: off")
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Arguments first, then the environment, then the file.
+        path = config_file()
+        if path is None:
+            return init_settings, env_settings
+        return init_settings, env_settings, DotEnvSettingsSource(settings_cls, env_file=path)
 
     @field_validator("spare_nodes")
     @classmethod
@@ -57,6 +98,15 @@ class Settings(BaseSettings):
             raise ValueError(f"XID policy file {value} does not exist")
         return value
 
+    @field_validator("prometheus_address")
+    @classmethod
+    def _host_and_port(cls, value: str) -> str:
+        if value:
+            host, _, port = value.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{value!r} is not host:port (e.g. 127.0.0.1:9464)")
+        return value
+
     def health_check_argv(self) -> list[str]:
         return shlex.split(self.health_check)
 
@@ -68,4 +118,123 @@ class Settings(BaseSettings):
             spare_nodes=[n.strip() for n in self.spare_nodes.split(",") if n.strip()],
             spare_wait_seconds=self.spare_wait_seconds,
             verify_deadline_seconds=self.verify_deadline_seconds,
+            search_attributes=self.search_attributes,
         )
+
+
+TelemetryExporter = Literal["otlp", "console", "none"]
+
+
+class TelemetrySettings(BaseSettings):
+    """The standard OpenTelemetry variables this project acts on, validated at start. The OTLP
+    exporters read the rest of theirs (timeouts, certificates, OTEL_RESOURCE_ATTRIBUTES, ...)."""
+
+    model_config = SettingsConfigDict(env_prefix="OTEL_", env_file=None, extra="ignore")
+
+    sdk_disabled: bool = False
+    service_name: str = "training-recovery"
+    # Unset: otlp when an OTLP endpoint is set, otherwise none (the specification's default,
+    # otlp to localhost:4318, would make every unconfigured worker log failed exports).
+    traces_exporter: TelemetryExporter | None = None
+    metrics_exporter: TelemetryExporter | None = None
+    exporter_otlp_endpoint: str | None = None
+    exporter_otlp_traces_endpoint: str | None = None
+    exporter_otlp_metrics_endpoint: str | None = None
+    exporter_otlp_protocol: Literal["http/protobuf"] = Field(
+        "http/protobuf", description="the OTLP exporter installed is http/protobuf; grpc is not")
+    exporter_otlp_headers: SecretStr | None = Field(None, description="often an API key: masked when printed")
+    metric_export_interval: int = Field(60000, gt=0, description="milliseconds between metric exports")
+
+    def traces(self) -> TelemetryExporter:
+        return self._exporter(self.traces_exporter, self.exporter_otlp_traces_endpoint)
+
+    def metrics(self) -> TelemetryExporter:
+        return self._exporter(self.metrics_exporter, self.exporter_otlp_metrics_endpoint)
+
+    def _exporter(self, chosen: TelemetryExporter | None, signal_endpoint: str | None) -> TelemetryExporter:
+        if self.sdk_disabled:
+            return "none"
+        if chosen is not None:
+            return chosen
+        return "otlp" if (signal_endpoint or self.exporter_otlp_endpoint) else "none"
+
+
+# --- loading and printing ----------------------------------------------------------------------
+
+
+def load_settings(**overrides) -> Settings:
+    """Settings() with errors that name the variable to fix."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as e:
+        raise ConfigError(_explain(e, Settings)) from None
+
+
+def load_telemetry_settings() -> TelemetrySettings:
+    try:
+        return TelemetrySettings()
+    except ValidationError as e:
+        raise ConfigError(_explain(e, TelemetrySettings)) from None
+
+
+def _explain(error: ValidationError, model: type[BaseSettings]) -> str:
+    path = os.environ.get(CONFIG_FILE_VARIABLE)
+    problems = []
+    for err in error.errors():
+        key = str(err["loc"][0]) if err["loc"] else ""
+        if err["type"] == "extra_forbidden":
+            problems.append(f"{key.upper()} in {path}: not a setting of this project")
+            continue
+        field = model.model_fields.get(key)
+        name = variable_names(model, key)[0] if field is not None else key.upper()
+        problems.append(f"{name}: {err['msg']}")
+    return "invalid configuration: " + "; ".join(problems)
+
+
+def variable_names(model: type[BaseSettings], field_name: str) -> list[str]:
+    """The variables that set a field, the preferred one first."""
+    alias = model.model_fields[field_name].validation_alias
+    if isinstance(alias, AliasChoices):
+        return [str(choice) for choice in alias.choices]
+    return [f"{model.model_config.get('env_prefix', '')}{field_name}".upper()]
+
+
+class ConfigEntry(BaseModel):
+    variable: str
+    value: str | int | float | bool | None
+    source: str = Field(description="environment, the file's path, or default")
+
+
+def describe_config(settings: Settings, telemetry: TelemetrySettings) -> list[ConfigEntry]:
+    """What `recovery config` prints: every setting in effect, secrets masked."""
+    environment = {k.upper() for k in os.environ}
+    path = config_file()
+    in_file = {k.upper() for k in dotenv_values(path)} if path else set()
+    entries = []
+    for model in (settings, telemetry):
+        for name in type(model).model_fields:
+            names = variable_names(type(model), name)
+            source = next(("environment" for n in names if n in environment), None)
+            if source is None and model is settings:
+                source = next((str(path) for n in names if n in in_file), None)
+            entries.append(ConfigEntry(variable=names[0], value=_shown(getattr(model, name)),
+                                       source=source or "default"))
+    return entries
+
+
+def _shown(value: object) -> str | int | float | bool | None:
+    if isinstance(value, SecretStr):
+        return MASK
+    if isinstance(value, str) and "://" in value:
+        return _without_password(value)
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:{MASK}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

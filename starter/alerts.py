@@ -42,4 +42,6 @@ async def raise_alerts(
         id_reuse_policy=id_reuse_policy,
         start_signal="alerts",
         start_signal_args=[alerts],
+        static_summary=f"Recover {node} after XID {alerts[0].xid} ({alerts[0].source})",
+        static_details=f"Opened by {alerts[0].actor}: {alerts[0].reason}",
     )

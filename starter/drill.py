@@ -36,6 +36,7 @@ class DrillOptions(BaseModel):
     xid: int = 79
     node: str | None = None
     corrupt_latest_checkpoint: bool = False
+    dry_run: bool = False  # observe mode: the incident describes what it would do and does nothing
     step_seconds: float = 0.2
     checkpoint_every: int = 10
     checkpoints_before_failure: int = 2
@@ -78,6 +79,7 @@ class DrillRun:
     fault_class: FaultClass
     corrupted: str | None
     handle: WorkflowHandle
+    slurm_before: str | None = None  # dry-run: Slurm's state when the alert was sent
 
 
 class Drill:
@@ -112,9 +114,13 @@ class Drill:
         if before_fault is not None:
             await before_fault(job, node)
 
-        self.inject_fault(node, opts.xid, gpu_lost=fault_class == FaultClass.FATAL)
-        corrupted = None
-        if fault_class == FaultClass.FATAL and node in job.nodes:
+        corrupted = slurm_before = None
+        if opts.dry_run:
+            # Nothing is broken in observe mode: the alert alone, and Slurm must not change.
+            slurm_before = await self.slurm_state()
+        else:
+            self.inject_fault(node, opts.xid, gpu_lost=fault_class == FaultClass.FATAL)
+        if fault_class == FaultClass.FATAL and node in job.nodes and not opts.dry_run:
             await wait_async(lambda: self._stalled(run_dir), 30, "the job to stall on the lost GPU")
             self._log("training stalled on the lost GPU")
         if opts.corrupt_latest_checkpoint:
@@ -125,15 +131,19 @@ class Drill:
             node=node, xid=opts.xid, source="drill", actor=f"drill by {getpass.getuser()}",
             reason=f"injected XID {opts.xid} on {node}", message="NVRM: Xid (drill)",
         )
-        handle = await raise_alert(self.client, alert, self.stack.task_queue, self.policy)
+        policy = self.policy.model_copy(update={"dry_run": opts.dry_run})
+        handle = await raise_alert(self.client, alert, self.stack.task_queue, policy)
         self._log(f"alert sent: incident workflow {handle.id}")
         return DrillRun(job_id=job_id, run_dir=run_dir, node=node, fault_class=fault_class,
-                        corrupted=corrupted, handle=handle)
+                        corrupted=corrupted, handle=handle, slurm_before=slurm_before)
 
     async def finish(self, run: DrillRun, timeout: float) -> DrillResult:
         """Follow the incident to its end, check what the drill promises, stop the job."""
         report = await self.follow(run.handle, timeout)
-        checks = await self.check(report, run.job_id, run.node, run.fault_class, run.corrupted)
+        if run.slurm_before is not None:
+            checks = await self.check_dry_run(report, run, run.slurm_before)
+        else:
+            checks = await self.check(report, run.job_id, run.node, run.fault_class, run.corrupted)
         await self.slurm.run("scancel", str(run.job_id))
         return DrillResult(report=report, job_id=run.job_id, run_dir=str(run.run_dir),
                            corrupted_checkpoint=run.corrupted, checks=checks)
@@ -211,6 +221,34 @@ class Drill:
                 seen = phase
             await asyncio.wait([result], timeout=0.5)
         return await result
+
+    async def slurm_state(self) -> str:
+        """Every node's state, flags, reason and comment and every job's state, nodes, restart
+        count and exclusions, as text: two equal snapshots mean Slurm saw no write."""
+        nodes = [n.model_dump(include={"name", "state", "flags", "reason", "comment"})
+                 for n in await self.slurm.list_nodes()]
+        jobs = [j.model_dump(include={"job_id", "state", "nodes", "restart_count", "excluded_nodes", "priority"})
+                for j in await self.slurm.list_jobs()]
+        return json.dumps({"nodes": nodes, "jobs": jobs}, sort_keys=True)
+
+    async def check_dry_run(self, report: IncidentReport, run: DrillRun, before: str) -> list[DrillCheck]:
+        after = await self.slurm_state()
+        signalled = [p.name for p in run.run_dir.glob("slurm-*.out") if "SIGUSR1" in p.read_text()]
+        live = await self.slurm.get_node(run.node)
+        uncommanded = [a.action for a in report.intended_actions if not a.command]
+        executed = [a.action for a in report.actions if a.path != "none"]  # "none": a decision, no call
+        return [
+            DrillCheck(name="dry-run outcome", passed=report.dry_run and report.outcome.startswith("dry_run"),
+                       detail=report.outcome),
+            DrillCheck(name="actions intended, each with its command",
+                       passed=bool(report.intended_actions) and not uncommanded and not executed,
+                       detail=f"{len(report.intended_actions)} intended; without a command: {uncommanded}; "
+                       f"executed: {executed}"),
+            DrillCheck(name="Slurm saw no write", passed=after == before,
+                       detail="nodes and jobs unchanged" if after == before else f"before {before}\nafter {after}"),
+            DrillCheck(name="node still in service", passed=live.in_service, detail=f"{run.node}: {live.state} {live.flags}"),
+            DrillCheck(name="job not signalled", passed=not signalled, detail=f"SIGUSR1 in {signalled or 'no log'}"),
+        ]
 
     async def check(self, report: IncidentReport, job_id: int, node: str, fault_class: FaultClass,
                     corrupted: str | None) -> list[DrillCheck]:

@@ -13,6 +13,7 @@ import pytest_asyncio
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from worker import register_search_attributes
 from starter.localstack import DEBIAN_RELEASE_OF_GENERATION, LocalStack
 
 
@@ -32,6 +33,7 @@ async def temporal_env():
         dev_server_extra_args=["--dynamic-config-value", 'history.timerProcessorMaxTimeShift="50ms"'],
         data_converter=pydantic_data_converter,
     ) as env:
+        await register_search_attributes(env.client, env.client.namespace)
         yield env
 
 
@@ -49,7 +51,9 @@ def local_stack(request) -> LocalStack:
     """Every test on the real cluster runs on both Slurm generations (22.05 and 24.11): the
     host's from Debian's packages, the other from a Debian root. The stack has its own state dir
     and ports, so tests never touch a drill's stack."""
-    return LocalStack(state_dir=Path("/tmp/training-recovery-tests"), slurm_port_base=24800,
+    # RECOVERY_TEST_STATE_DIR / RECOVERY_TEST_SLURM_PORT_BASE let two suites run side by side.
+    return LocalStack(state_dir=Path(os.environ.get("RECOVERY_TEST_STATE_DIR", "/tmp/training-recovery-tests")),
+                      slurm_port_base=int(os.environ.get("RECOVERY_TEST_SLURM_PORT_BASE", "24800")),
                       temporal_port=0, ui_port=0, slurm_version=request.param)
 
 

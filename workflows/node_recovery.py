@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         SpareWaitRequest,
         VerifyRequest,
     )
+    from contracts import search_attributes as sa
     from workflows.report import build_report
 
 T = TypeVar("T")
@@ -81,6 +82,7 @@ class NodeRecoveryWorkflow:
         self._classification: FaultClassification | None = None
         self._jobs: list[JobSnapshot] = []
         self._outcome: str | None = None
+        self._indexed = True
 
     @workflow.signal
     def alert(self, alert: NodeFailureAlert) -> None:
@@ -108,36 +110,64 @@ class NodeRecoveryWorkflow:
             phases=self._phases,
             actions=self._actions,
             outcome=self._outcome,
+            peer_nodes=self._peer_nodes(),
         )
+
+    def _peer_nodes(self) -> list[str]:
+        return sorted({n for j in self._jobs for n in j.job.nodes if n != self._node})
 
     async def _step(self, name: str, work: Awaitable[T]) -> T:
         phase = Phase(name=name, started_at=workflow.now())
         self._phases.append(phase)
         self._phase = name
+        self._index([sa.PHASE.value_set(name)])
         try:
             return await work
         finally:
             phase.ended_at = workflow.now()
+
+    def _index(self, updates: list) -> None:
+        if self._indexed:
+            workflow.upsert_search_attributes(updates)
 
     def _note(self, result: str) -> None:
         self._phases[-1].result = result
 
     @workflow.run
     async def run(self, req: RecoveryRequest) -> IncidentReport:
+        report = await self._handle(req)
+        try:
+            # By name: activities/telemetry.py imports this module.
+            await workflow.execute_activity(
+                "record_incident", report, summary="Record the incident's metrics (OpenTelemetry)",
+                start_to_close_timeout=timedelta(seconds=10), retry_policy=RetryPolicy(maximum_attempts=3),
+            )
+        except ActivityError as err:
+            # Metrics never change an incident's outcome.
+            workflow.logger.warning("the incident's metrics were not recorded: %s", err.cause)
+        return report
+
+    async def _handle(self, req: RecoveryRequest) -> IncidentReport:
         self._node = req.node
         self._alerts = [a for a in self._alerts if a.node == req.node]
         self._incident_id = f"{req.node}-{workflow.now():%Y%m%dT%H%M%SZ}"
         await workflow.wait_condition(lambda: bool(self._alerts))
         first = self._alerts[0]
         policy = req.policy
+        self._indexed = policy.search_attributes
+        self._index([sa.NODE.value_set(req.node), sa.XID.value_set(first.xid)])
+        workflow.set_current_details(f"Incident {self._incident_id}: XID {first.xid} on {req.node}, "
+                                     f"reported by {first.actor} via {first.source}: {first.reason}")
 
         cls = self._classification = await self._step("classify", workflow.execute_activity_method(
             ClassifyActivities.classify_fault, first.xid, start_to_close_timeout=timedelta(seconds=30),
+            summary=f"Classify XID {first.xid} by the fault policy table",
         ))
         self._note(f"XID {cls.xid} {cls.mnemonic}: {cls.fault_class.value}")
         ctx = ActionContext(
             incident_id=self._incident_id, owner=policy.owner, actor=first.actor,
             reason=f"{first.source}: {first.reason}", xid=first.xid, mnemonic=cls.mnemonic,
+            dry_run=policy.dry_run,
         )
         if cls.fault_class == FaultClass.APPLICATION:
             return self._finish(first, "none", "no_node_action", [], None)
@@ -155,7 +185,8 @@ class NodeRecoveryWorkflow:
                        ctx: ActionContext, action: str) -> IncidentReport:
         policy = req.policy
         fence = await self._step("drain", workflow.execute_activity_method(
-            FencingActivities.drain_node, NodeRequest(node=req.node, ctx=ctx), **SLURM_CALL,
+            FencingActivities.drain_node, NodeRequest(node=req.node, ctx=ctx),
+            summary=f"Drain {req.node} in Slurm: no new work lands on it", **SLURM_CALL,
         ))
         self._actions.append(fence.action)
         self._note(fence.action.detail)
@@ -163,12 +194,16 @@ class NodeRecoveryWorkflow:
             return self._finish(first, action, "escalated: unknown XID, node drained, jobs left running", [], None)
 
         jobs = self._jobs = await self._step("find_jobs", workflow.execute_activity_method(
-            JobActivities.find_jobs, req.node, **SLURM_CALL,
+            JobActivities.find_jobs, req.node, summary=f"Find the jobs running on {req.node}", **SLURM_CALL,
         ))
         self._note(", ".join(str(j.job.job_id) for j in jobs) or "no jobs")
+        self._index([sa.JOB_IDS.value_set([str(j.job.job_id) for j in jobs]),
+                                           sa.PEER_NODES.value_set(self._peer_nodes())])
 
         await self._step("signal", self._signal_jobs(jobs, ctx))
-        if cls.fault_class == FaultClass.DEGRADING and policy.degrading_grace_seconds > 0:
+        if policy.dry_run:
+            self._skip("grace", "dry-run: no job was signalled, no checkpoint to wait for")
+        elif cls.fault_class == FaultClass.DEGRADING and policy.degrading_grace_seconds > 0:
             await self._step("grace", self._grace(jobs, policy.degrading_grace_seconds, policy.checkpoint_poll_seconds))
         else:
             self._skip("grace", f"{cls.fault_class.value} XID: the GPU is gone, no checkpoint to wait for")
@@ -178,22 +213,30 @@ class NodeRecoveryWorkflow:
             self._skip("mark_down", "left as found: drained by someone else")
         else:
             down = await self._step("mark_down", workflow.execute_activity_method(
-                FencingActivities.mark_node_down, NodeRequest(node=req.node, ctx=ctx), **SLURM_CALL,
+                FencingActivities.mark_node_down, NodeRequest(node=req.node, ctx=ctx),
+                summary=f"Mark {req.node} DOWN in Slurm now that its jobs are off it", **SLURM_CALL,
             ))
             self._actions.append(down.action)
             self._note(down.action.detail)
 
         replacement = await self._step("request_replacement", workflow.execute_activity_method(
             ReplacementActivities.request_replacement,
-            ReplacementRequest(failed_node=req.node, spare_nodes=policy.spare_nodes, ctx=ctx), **SLURM_CALL,
+            ReplacementRequest(failed_node=req.node, spare_nodes=policy.spare_nodes, ctx=ctx),
+            summary=f"Request replacement capacity for {req.node}", **SLURM_CALL,
         ))
         self._actions.extend(replacement.actions)
         self._note(f"{replacement.provider}: {replacement.node or 'none'} ({replacement.detail})")
         spare = None
+        if policy.dry_run:
+            self._skip("wait_for_spare", "dry-run: no spare was brought in")
+            self._skip("verify", "dry-run: no job was requeued")
+            intended = sum(not a.executed for a in self._actions)
+            return self._finish(first, action, f"dry_run: {intended} action(s) intended, none executed", [], None)
         if replacement.node is not None:
             spare = await self._step("wait_for_spare", workflow.execute_activity_method(
                 ReplacementActivities.wait_for_spare,
                 SpareWaitRequest(node=replacement.node, deadline_seconds=policy.spare_wait_seconds),
+                summary=f"Wait for {replacement.node} to be healthy and in service",
                 start_to_close_timeout=timedelta(seconds=policy.spare_wait_seconds + 60),
                 heartbeat_timeout=HEARTBEAT, retry_policy=SLURM_RETRY,
             ))
@@ -214,7 +257,7 @@ class NodeRecoveryWorkflow:
             try:
                 action = await workflow.execute_activity_method(
                     JobActivities.signal_job, SignalRequest(job_id=snap.job.job_id, signal="USR1", ctx=ctx),
-                    **SLURM_CALL,
+                    summary=f"SIGUSR1 to job {snap.job.job_id}: checkpoint now if you can", **SLURM_CALL,
                 )
             except ActivityError as e:
                 # A job that ended meanwhile cannot be signalled; requeue and verify will say so.
@@ -232,6 +275,7 @@ class NodeRecoveryWorkflow:
                     job_id=s.job.job_id, checkpoint_dir=s.checkpoint_dir,
                     after_step=s.latest_complete.step if s.latest_complete else None, poll_seconds=poll_seconds,
                 ),
+                summary=f"Wait for job {s.job.job_id} to write a checkpoint newer than the one it had",
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(initial_interval=timedelta(seconds=poll_seconds), backoff_coefficient=1.0),
             )
@@ -252,6 +296,7 @@ class NodeRecoveryWorkflow:
         for snap in jobs:
             result = await workflow.execute_activity_method(
                 JobActivities.requeue_job, RequeueRequest(job=snap.job, failed_node=node, ctx=ctx),
+                summary=f"Requeue job {snap.job.job_id} away from {node}",
                 heartbeat_timeout=HEARTBEAT, **SLURM_CALL,
             )
             self._actions.extend(result.actions)
@@ -266,6 +311,7 @@ class NodeRecoveryWorkflow:
             results.append(await workflow.execute_activity_method(
                 JobActivities.verify_restart,
                 VerifyRequest(snapshot=snap, failed_node=node, requeue=requeue, deadline_seconds=deadline),
+                summary=f"Verify job {snap.job.job_id} resumed off {node} from its latest complete checkpoint",
                 start_to_close_timeout=timedelta(seconds=deadline + 60),
                 heartbeat_timeout=HEARTBEAT, retry_policy=SLURM_RETRY,
             ))
@@ -276,13 +322,23 @@ class NodeRecoveryWorkflow:
         verifications: list[JobVerification], spare: SpareResult | None,
     ) -> IncidentReport:
         assert self._classification is not None
+        if any(not a.executed for a in self._actions) and not outcome.startswith("dry_run"):
+            outcome = f"dry_run: {outcome} (nothing executed)"
         self._outcome = outcome
         self._phase = "done"
+        self._index([sa.PHASE.value_set("done"),
+                                           sa.OUTCOME.value_set(outcome_label(outcome))])
+        workflow.set_current_details(f"Incident {self._incident_id} on {self._node}: {outcome}")
         return build_report(
             incident_id=self._incident_id, node=self._node, classification=self._classification,
             action=action, outcome=outcome, failure_at=first.observed_at, phases=self._phases,
             jobs=self._jobs, verifications=verifications, spare=spare, alerts=self._alerts, actions=self._actions,
         )
+
+
+def outcome_label(outcome: str) -> str:
+    """The outcome's kind, short enough to filter on ("recovered", "failed in drain", ...)."""
+    return outcome.split(":", 1)[0]
 
 
 def _cause(err: ActivityError) -> str:

@@ -76,7 +76,8 @@ def build_report(
     report = IncidentReport(
         incident_id=incident_id, node=node, xid=classification.xid, fault_class=classification.fault_class,
         action=action, outcome=outcome, failure_at=failure_at, phases=phases, jobs=job_reports,
-        alerts=alerts, actions=actions,
+        alerts=alerts, actions=[a for a in actions if a.executed],
+        intended_actions=[a for a in actions if not a.executed], dry_run=any(not a.executed for a in actions),
     )
     if spare is not None:
         report.spare_node = spare.node

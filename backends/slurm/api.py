@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, Protocol
 
-from contracts.models import SlurmJob, SlurmNode, SlurmPath
+from contracts.models import Invocation, SlurmJob, SlurmNode, SlurmPath
 
 NodeUpdate = Literal["DRAIN", "DOWN", "RESUME"]
 
@@ -32,9 +32,11 @@ class SlurmCommandError(SlurmError):
 
 
 class SlurmBackend(Protocol):
-    """What the recovery needs from Slurm. Every call is for one node or one job."""
+    """What the recovery needs from Slurm. Every call is for one node or one job. Each write
+    returns the Invocation it made; with `dry_run` set it only describes it."""
 
     path: SlurmPath
+    dry_run: bool
 
     def supports(self, operation: str) -> bool: ...
 
@@ -44,16 +46,16 @@ class SlurmBackend(Protocol):
 
     async def get_job(self, job_id: int) -> SlurmJob: ...
 
-    async def update_node(self, name: str, state: NodeUpdate, reason: str | None) -> None: ...
+    async def update_node(self, name: str, state: NodeUpdate, reason: str | None) -> Invocation: ...
 
-    async def set_node_comment(self, name: str, comment: str) -> None: ...
+    async def set_node_comment(self, name: str, comment: str) -> Invocation: ...
 
-    async def signal_job(self, job_id: int, signal: str) -> None:
+    async def signal_job(self, job_id: int, signal: str) -> Invocation:
         """Signal the whole job: the batch shell and every step, so each can checkpoint."""
         ...
 
-    async def requeue_hold(self, job_id: int) -> None: ...
+    async def requeue_hold(self, job_id: int) -> Invocation: ...
 
-    async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> None: ...
+    async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> Invocation: ...
 
-    async def release_job(self, job_id: int) -> None: ...
+    async def release_job(self, job_id: int) -> Invocation: ...

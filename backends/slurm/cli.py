@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 from typing import Any
 
 from backends.slurm.api import (
@@ -14,7 +15,7 @@ from backends.slurm.api import (
     SlurmUnavailable,
 )
 from backends.slurm.parse import job_from_json, node_from_json
-from contracts.models import SlurmJob, SlurmNode
+from contracts.models import Invocation, SlurmJob, SlurmNode
 
 # Messages with which scontrol says a node or job does not exist: no retry can fix those.
 _NOT_FOUND = ("Invalid node name specified", "Invalid job id specified")
@@ -24,6 +25,8 @@ _UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Conne
 
 class SlurmCli:
     path = "cli"
+    # In dry-run every write is described, not run (SlurmClient.planning()); reads still run.
+    dry_run = False
 
     def __init__(self, slurm_conf: str | None = None, timeout: float = 20.0, bin_dir: str = ""):
         self._env = dict(os.environ)
@@ -113,23 +116,29 @@ class SlurmCli:
                 return job
         raise SlurmNotFound(f"job {job_id} is not known to slurmctld")
 
-    async def update_node(self, name: str, state: NodeUpdate, reason: str | None) -> None:
+    async def _write(self, *argv: str) -> Invocation:
+        call = Invocation(path=self.path, command=shlex.join(argv), executed=not self.dry_run)
+        if not self.dry_run:
+            await self.run(*argv)
+        return call
+
+    async def update_node(self, name: str, state: NodeUpdate, reason: str | None) -> Invocation:
         argv = ["scontrol", "update", f"NodeName={name}", f"State={state}"]
         if reason is not None:
             argv.append(f"Reason={reason}")
-        await self.run(*argv)
+        return await self._write(*argv)
 
-    async def set_node_comment(self, name: str, comment: str) -> None:
-        await self.run("scontrol", "update", f"NodeName={name}", f"Comment={comment}")
+    async def set_node_comment(self, name: str, comment: str) -> Invocation:
+        return await self._write("scontrol", "update", f"NodeName={name}", f"Comment={comment}")
 
-    async def signal_job(self, job_id: int, signal: str) -> None:
-        await self.run("scancel", f"--signal={signal}", "--full", str(job_id))
+    async def signal_job(self, job_id: int, signal: str) -> Invocation:
+        return await self._write("scancel", f"--signal={signal}", "--full", str(job_id))
 
-    async def requeue_hold(self, job_id: int) -> None:
-        await self.run("scontrol", "requeuehold", str(job_id))
+    async def requeue_hold(self, job_id: int) -> Invocation:
+        return await self._write("scontrol", "requeuehold", str(job_id))
 
-    async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> None:
-        await self.run("scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}")
+    async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> Invocation:
+        return await self._write("scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}")
 
-    async def release_job(self, job_id: int) -> None:
-        await self.run("scontrol", "release", str(job_id))
+    async def release_job(self, job_id: int) -> Invocation:
+        return await self._write("scontrol", "release", str(job_id))

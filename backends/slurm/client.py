@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from backends.slurm.api import NodeUpdate, SlurmBackend
-from contracts.models import SlurmJob, SlurmNode, SlurmPath
+from contracts.models import Invocation, SlurmJob, SlurmNode, SlurmPath
 
 
 class SlurmClient:
@@ -13,6 +14,19 @@ class SlurmClient:
 
     def __init__(self, cli: SlurmBackend, rest: SlurmBackend | None = None):
         self.cli, self.rest = cli, rest
+
+    def planning(self) -> SlurmClient:
+        """The same client in dry-run: reads are real, each write returns the exact command or
+        API call it would make, unexecuted. Shares this client's connections."""
+        def planned(backend: SlurmBackend) -> SlurmBackend:
+            twin = copy.copy(backend)
+            twin.dry_run = True
+            return twin
+        return SlurmClient(planned(self.cli), planned(self.rest) if self.rest is not None else None)
+
+    def acting(self, dry_run: bool) -> SlurmClient:
+        """This client, or its planning twin for an incident in dry-run."""
+        return self.planning() if dry_run else self
 
     def backend_for(self, operation: str) -> SlurmBackend:
         if self.rest is not None and self.rest.supports(operation):
@@ -41,26 +55,20 @@ class SlurmClient:
             if name in j.nodes and j.state in ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")
         ]
 
-    async def update_node(self, name: str, state: NodeUpdate, reason: str | None) -> SlurmPath:
-        await self._call("update_node", name, state, reason)
-        return self.path_for("update_node")
+    async def update_node(self, name: str, state: NodeUpdate, reason: str | None) -> Invocation:
+        return await self._call("update_node", name, state, reason)
 
-    async def set_node_comment(self, name: str, comment: str) -> SlurmPath:
-        await self._call("set_node_comment", name, comment)
-        return self.path_for("set_node_comment")
+    async def set_node_comment(self, name: str, comment: str) -> Invocation:
+        return await self._call("set_node_comment", name, comment)
 
-    async def signal_job(self, job_id: int, signal: str) -> SlurmPath:
-        await self._call("signal_job", job_id, signal)
-        return self.path_for("signal_job")
+    async def signal_job(self, job_id: int, signal: str) -> Invocation:
+        return await self._call("signal_job", job_id, signal)
 
-    async def requeue_hold(self, job_id: int) -> SlurmPath:
-        await self._call("requeue_hold", job_id)
-        return self.path_for("requeue_hold")
+    async def requeue_hold(self, job_id: int) -> Invocation:
+        return await self._call("requeue_hold", job_id)
 
-    async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> SlurmPath:
-        await self._call("set_excluded_nodes", job_id, nodes)
-        return self.path_for("set_excluded_nodes")
+    async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> Invocation:
+        return await self._call("set_excluded_nodes", job_id, nodes)
 
-    async def release_job(self, job_id: int) -> SlurmPath:
-        await self._call("release_job", job_id)
-        return self.path_for("release_job")
+    async def release_job(self, job_id: int) -> Invocation:
+        return await self._call("release_job", job_id)

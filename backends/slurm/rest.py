@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -14,7 +15,7 @@ from backends.slurm.api import (
     Unsupported,
 )
 from backends.slurm.parse import job_from_json, node_from_json
-from contracts.models import SlurmJob, SlurmNode
+from contracts.models import Invocation, SlurmJob, SlurmNode
 
 _JOB_READS = frozenset({"ping", "list_jobs", "get_job"})
 _READS = _JOB_READS | {"get_node"}
@@ -59,6 +60,8 @@ def _says_not_found(error: dict[str, Any]) -> bool:
 
 class SlurmRest:
     path = "rest"
+    # In dry-run every write is described, not sent (SlurmClient.planning()); reads still run.
+    dry_run = False
 
     def __init__(self, url: str, user: str, token: str, timeout: float = 10.0):
         self._http = httpx.AsyncClient(
@@ -108,13 +111,25 @@ class SlurmRest:
             raise SlurmError(f"{method} {url}: {resp.status_code} {errors or resp.text[:200]}")
         return body
 
-    async def _call(self, operation: str, params: dict[str, str] | None = None,
-                    body: dict[str, Any] | None = None, **path_params: str | int) -> dict[str, Any]:
+    def _route(self, operation: str, path_params: dict[str, str | int]) -> tuple[str, str]:
         if not self.supports(operation):
             raise Unsupported(f"slurmrestd {self.version} cannot {operation}")
         method, path, _, _ = ENDPOINTS[operation]
-        url = f"/slurm/{self.version}" + path.format(**path_params)
-        return await self._request(method, url, params=params, json=body)
+        return method, f"/slurm/{self.version}" + path.format(**path_params)
+
+    async def _call(self, operation: str, **path_params: str | int) -> dict[str, Any]:
+        method, url = self._route(operation, path_params)
+        return await self._request(method, url)
+
+    async def _write(self, operation: str, params: dict[str, str] | None = None,
+                     body: dict[str, Any] | None = None, **path_params: str | int) -> tuple[dict[str, Any], Invocation]:
+        method, url = self._route(operation, path_params)
+        query = "?" + str(httpx.QueryParams(params)) if params else ""
+        command = f"{method} {url}{query}" + (f" {json.dumps(body, sort_keys=True)}" if body else "")
+        call = Invocation(path=self.path, command=command, executed=not self.dry_run)
+        if self.dry_run:
+            return {}, call
+        return await self._request(method, url, params=params, json=body), call
 
     async def get_node(self, name: str) -> SlurmNode:
         body = await self._call("get_node", node_name=name)
@@ -134,36 +149,37 @@ class SlurmRest:
             raise SlurmNotFound(f"job {job_id} is not known to slurmctld")
         return job_from_json(jobs[0])
 
-    async def update_node(self, name: str, state: NodeUpdate, reason: str | None) -> None:
+    async def update_node(self, name: str, state: NodeUpdate, reason: str | None) -> Invocation:
         body: dict[str, Any] = {"state": [state]}
         if reason is not None:
             body["reason"] = reason
-        await self._call("update_node", body=body, node_name=name)
+        return (await self._write("update_node", body=body, node_name=name))[1]
 
-    async def set_node_comment(self, name: str, comment: str) -> None:
-        await self._call("set_node_comment", body={"comment": comment}, node_name=name)
+    async def set_node_comment(self, name: str, comment: str) -> Invocation:
+        return (await self._write("set_node_comment", body={"comment": comment}, node_name=name))[1]
 
-    async def signal_job(self, job_id: int, signal: str) -> None:
+    async def signal_job(self, job_id: int, signal: str) -> Invocation:
         # The batch shell and every step, like scancel --full (v0.0.38 has no flags: it does that).
         # Needs an administrator's token: a REST signal with a non-admin token deadlocks
         # slurmctld 24.11.5 (3 of 3 tries); scancel's older RPC refuses it cleanly.
         params = {"signal": signal}
         if self.version != "v0.0.38":
             params["flags"] = "FULL_JOB"
-        body = await self._call("signal_job", params=params, job_id=job_id)
+        body, call = await self._write("signal_job", params=params, job_id=job_id)
         # 24.11 answers 200 for a failed signal; v0.0.42 says why in status[].error.
         failures = [s["error"] for s in body.get("status") or [] if (s.get("error") or {}).get("code")]
         if any("Invalid job id" in str(f.get("string")) for f in failures):
             raise SlurmNotFound(f"job {job_id}: {failures}")
         if failures:
             raise SlurmError(f"signal {signal} to job {job_id} failed: {failures}")
+        return call
 
-    async def requeue_hold(self, job_id: int) -> None:
+    async def requeue_hold(self, job_id: int) -> Invocation:
         raise Unsupported("slurmrestd has no requeue")
 
-    async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> None:
-        await self._call("set_excluded_nodes", body={"excluded_nodes": nodes}, job_id=job_id)
+    async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> Invocation:
+        return (await self._write("set_excluded_nodes", body={"excluded_nodes": nodes}, job_id=job_id))[1]
 
-    async def release_job(self, job_id: int) -> None:
+    async def release_job(self, job_id: int) -> Invocation:
         # Releases a job held by `scontrol requeuehold` as `scontrol release` does (measured on 24.11).
-        await self._call("release_job", body={"hold": False}, job_id=job_id)
+        return (await self._write("release_job", body={"hold": False}, job_id=job_id))[1]

@@ -137,3 +137,23 @@ async def test_alert_for_a_node_slurm_does_not_know_fails_cleanly_and_changes_no
     assert report.outcome.startswith("failed in drain: SlurmNotFound"), report.outcome
     assert report.actions == [] and report.jobs == []
     assert await fences() == before
+
+
+async def test_dry_run_describes_every_action_and_changes_nothing(drill, recovery_worker, local_stack):
+    """Observe mode: every decision runs, each action it would take is listed with its exact
+    command or API call, and Slurm sees no write (all nodes and jobs compared before and after)."""
+    result = await drill.run(DrillOptions(xid=79, dry_run=True))
+    r = result.report
+    assert result.passed, [c for c in result.checks if not c.passed]
+    assert r.dry_run and r.outcome.startswith("dry_run")
+    intended = {a.action: a for a in r.intended_actions}
+    assert {"drain_node", "signal_job", "requeue_hold", "exclude_nodes", "release_job", "down_node",
+            "claim_spare", "resume_spare"} <= set(intended)
+    assert not any(a.executed for a in r.intended_actions)
+    assert intended["requeue_hold"].command == f"scontrol requeuehold {result.job_id}"
+    drain = intended["drain_node"].command
+    if NODE_UPDATE_PATH[local_stack.slurm_generation] == "cli":
+        assert drain.startswith(f"scontrol update NodeName={r.node} State=DRAIN 'Reason=recovery: XID 79")
+    else:
+        assert drain.startswith(f"POST /slurm/v0.0.4") and f"/node/{r.node} " in drain and '"DRAIN"' in drain
+    assert [p.result.split(":")[0] for p in r.phases if p.name in ("grace", "wait_for_spare", "verify")] == ["skipped"] * 3

@@ -131,7 +131,9 @@ async def run_incident(env, stand_ins: StandIns, xid: int, grace: float = 600.0)
     async with Worker(env.client, task_queue=task_queue, workflows=[NodeRecoveryWorkflow],
                       activities=stand_ins.activities()):
         alert = NodeFailureAlert(node="gpu-2", xid=xid, source="test", actor="pytest")
-        policy = RecoveryPolicy(degrading_grace_seconds=grace, spare_nodes=["gpu-5"])
+        policy = RecoveryPolicy(degrading_grace_seconds=grace, spare_nodes=["gpu-5"],
+                                # the time-skipping test server cannot register search attributes
+                                search_attributes=False)
         handle = await raise_alert(env.client, alert, task_queue, policy)
         return await handle.result()
 

@@ -1,0 +1,21 @@
+"""Custom search attributes of an incident, so that operators can filter runs in the Temporal Web
+UI and `temporal workflow list --query` (e.g. RecoveryNode = "gpu-3" AND RecoveryOutcome = "recovered").
+
+The worker registers them at start-up; on a real cluster an operator may create them instead:
+    temporal operator search-attribute create --name RecoveryNode --type Keyword (and so on)
+"""
+
+from __future__ import annotations
+
+from temporalio.common import SearchAttributeKey
+
+NODE = SearchAttributeKey.for_keyword("RecoveryNode")
+XID = SearchAttributeKey.for_int("RecoveryXid")
+PHASE = SearchAttributeKey.for_keyword("RecoveryPhase")
+OUTCOME = SearchAttributeKey.for_keyword("RecoveryOutcome")
+JOB_IDS = SearchAttributeKey.for_keyword_list("RecoveryJobIds")
+# Nodes that shared a job with the failed node when it failed: alerts that follow from this
+# failure on those peers (NVLink, NCCL timeouts) join this incident.
+PEER_NODES = SearchAttributeKey.for_keyword_list("RecoveryPeerNodes")
+
+ALL = (NODE, XID, PHASE, OUTCOME, JOB_IDS, PEER_NODES)
