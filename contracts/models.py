@@ -80,6 +80,11 @@ class NodeFailureAlert(Contract):
         "whose alert (NVLink, NCCL timeout) was correlated to this node's incident")
 
 
+# Destructive steps an operator may be asked to approve first: requeueing the jobs (their
+# processes are killed) and bringing in replacement capacity.
+ApprovalGate = Literal["requeue", "replacement"]
+
+
 class RecoveryPolicy(Contract):
     """How an incident behaves; set by the starter from configuration, fixed for the run."""
 
@@ -93,9 +98,23 @@ class RecoveryPolicy(Contract):
     verify_deadline_seconds: float = Field(600.0, gt=0)
     dry_run: bool = Field(False, description="observe mode: run every decision, record each action it "
                           "would take with its exact command, execute none")
+    approval_required: list[ApprovalGate] = Field(
+        default_factory=list, description="destructive steps that wait for an operator's approve/deny")
+    approval_min_job_nodes: int = Field(
+        1, ge=1, description="the requeue gate asks only when a job on the node spans at least this many nodes")
+    approval_timeout_seconds: float = Field(3600.0, gt=0)
+    approval_timeout_action: Literal["deny", "approve"] = Field(
+        "deny", description="what an unanswered gate does; deny is the safe default: stay drained, kill nothing")
     search_attributes: bool = Field(
         True, description="keep the incident's search attributes (contracts/search_attributes.py) current; "
         "off only where they cannot be registered (e.g. Temporal's time-skipping test server)")
+
+
+class ApprovalRequest(Contract):
+    gate: ApprovalGate
+    question: str
+    asked_at: datetime
+    deadline_at: datetime
 
 
 class OperatorDecision(Contract):
@@ -368,6 +387,16 @@ class Phase(Contract):
     result: str = ""
 
 
+class DecisionRecord(Contract):
+    """An answer to a gate or an abort: by an operator, or by the policy when nobody answered."""
+
+    at: datetime
+    kind: Literal["approve", "deny", "abort"]
+    gate: str | None = None
+    actor: str
+    reason: str
+
+
 class IncidentStatus(Contract):
     incident_id: str
     node: str
@@ -379,6 +408,8 @@ class IncidentStatus(Contract):
     actions: list[ActionRecord]
     outcome: str | None = None
     peer_nodes: list[str] = Field(default_factory=list, description="nodes that shared a job with the failed node")
+    awaiting_approval: ApprovalRequest | None = None
+    decisions: list[DecisionRecord] = Field(default_factory=list)
 
 
 class JobReport(Contract):
@@ -417,6 +448,7 @@ class IncidentReport(Contract):
     jobs: list[JobReport] = Field(default_factory=list)
     alerts: list[NodeFailureAlert] = Field(default_factory=list)
     actions: list[ActionRecord] = Field(default_factory=list)
+    decisions: list[DecisionRecord] = Field(default_factory=list)
     dry_run: bool = False
     intended_actions: list[ActionRecord] = Field(
         default_factory=list, description="dry-run: each action the incident would have taken, not executed")

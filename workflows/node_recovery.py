@@ -8,6 +8,7 @@ classify -> drain -> find jobs -> signal -> grace (durable timer, ends early on 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
 from datetime import timedelta
 from typing import TypeVar
@@ -24,7 +25,10 @@ with workflow.unsafe.imports_passed_through():
     from contracts.models import (
         ActionContext,
         ActionRecord,
+        ApprovalGate,
+        ApprovalRequest,
         CheckpointWaitRequest,
+        DecisionRecord,
         FaultClass,
         FaultClassification,
         IncidentReport,
@@ -33,9 +37,12 @@ with workflow.unsafe.imports_passed_through():
         JobVerification,
         NodeFailureAlert,
         NodeRequest,
+        OperatorDecision,
         Phase,
+        RecoveryPolicy,
         RecoveryRequest,
         ReplacementRequest,
+        ReplacementResult,
         RequeueRequest,
         RequeueResult,
         SignalRequest,
@@ -83,6 +90,10 @@ class NodeRecoveryWorkflow:
         self._jobs: list[JobSnapshot] = []
         self._outcome: str | None = None
         self._indexed = True
+        self._awaiting: ApprovalRequest | None = None
+        self._answer: DecisionRecord | None = None
+        self._abort: DecisionRecord | None = None
+        self._decisions: list[DecisionRecord] = []
 
     @workflow.signal
     def alert(self, alert: NodeFailureAlert) -> None:
@@ -98,6 +109,42 @@ class NodeRecoveryWorkflow:
             else:
                 workflow.logger.warning("ignored an alert for %s sent to the incident of %s", alert.node, self._node)
 
+    @workflow.update
+    def approve(self, decision: OperatorDecision) -> IncidentStatus:
+        """An operator lets the step waiting at a gate go ahead."""
+        self._answer = self._decide("approve", decision)
+        return self.status()
+
+    @workflow.update
+    def deny(self, decision: OperatorDecision) -> IncidentStatus:
+        """An operator refuses the step waiting at a gate: the node stays fenced, nothing is killed."""
+        self._answer = self._decide("deny", decision)
+        return self.status()
+
+    @approve.validator
+    @deny.validator
+    def _something_awaits_approval(self, decision: OperatorDecision) -> None:
+        if self._awaiting is None or self._answer is not None:
+            raise ValueError(f"incident {self._incident_id or self._node} awaits no approval (phase {self._phase})")
+
+    @workflow.update
+    def abort(self, decision: OperatorDecision) -> IncidentStatus:
+        """Stop the incident before its next step; the node is left as it is (fenced, if it was)."""
+        self._abort = self._decide("abort", decision)
+        return self.status()
+
+    @abort.validator
+    def _still_running(self, decision: OperatorDecision) -> None:
+        if self._outcome is not None or self._abort is not None:
+            raise ValueError(f"incident {self._incident_id or self._node} has already ended or been aborted")
+
+    def _decide(self, kind: str, decision: OperatorDecision) -> DecisionRecord:
+        record = DecisionRecord(at=workflow.now(), kind=kind, gate=self._awaiting.gate if self._awaiting else None,
+                                actor=decision.actor, reason=decision.reason)
+        self._decisions.append(record)
+        workflow.logger.info("%s by %s on incident %s: %s", kind, decision.actor, self._incident_id, decision.reason)
+        return record
+
     @workflow.query
     def status(self) -> IncidentStatus:
         return IncidentStatus(
@@ -111,20 +158,54 @@ class NodeRecoveryWorkflow:
             actions=self._actions,
             outcome=self._outcome,
             peer_nodes=self._peer_nodes(),
+            awaiting_approval=self._awaiting,
+            decisions=self._decisions,
         )
 
     def _peer_nodes(self) -> list[str]:
         return sorted({n for j in self._jobs for n in j.job.nodes if n != self._node})
 
-    async def _step(self, name: str, work: Awaitable[T]) -> T:
+    async def _step(self, name: str, work: Awaitable[T], abortable: bool = True) -> T:
         phase = Phase(name=name, started_at=workflow.now())
         self._phases.append(phase)
         self._phase = name
         self._index([sa.PHASE.value_set(name)])
         try:
-            return await work
+            return await (self._unless_aborted(work) if abortable else work)
         finally:
             phase.ended_at = workflow.now()
+
+    async def _unless_aborted(self, work: Awaitable[T]) -> T:
+        """The step's result, or IncidentAborted as soon as an operator aborts (the step's
+        activity is cancelled; a call already sent to Slurm may still complete)."""
+        if self._abort is not None:
+            raise IncidentAborted()
+        task = asyncio.ensure_future(work)
+        await workflow.wait_condition(lambda: task.done() or self._abort is not None)
+        if not task.done():
+            task.cancel()
+            raise IncidentAborted()
+        return task.result()
+
+    async def _gate(self, gate: ApprovalGate, question: str, policy: RecoveryPolicy) -> DecisionRecord:
+        """Waits for an operator's approve/deny; unanswered by the deadline, the policy decides."""
+        now = workflow.now()
+        self._answer = None
+        self._awaiting = ApprovalRequest(gate=gate, question=question, asked_at=now,
+                                         deadline_at=now + timedelta(seconds=policy.approval_timeout_seconds))
+        workflow.set_current_details(f"Awaiting approval ({gate}): {question}. "
+                                     f"Answer with `recovery approve|deny {self._node}`.")
+        try:
+            await workflow.wait_condition(lambda: self._answer is not None,
+                                          timeout=timedelta(seconds=policy.approval_timeout_seconds))
+        except asyncio.TimeoutError:
+            self._answer = DecisionRecord(
+                at=workflow.now(), kind=policy.approval_timeout_action, gate=gate, actor="policy",
+                reason=f"no answer within {policy.approval_timeout_seconds:.0f} s: {policy.approval_timeout_action} by default")
+            self._decisions.append(self._answer)
+        answer, self._awaiting = self._answer, None
+        self._note(f"{answer.kind} by {answer.actor}: {answer.reason}")
+        return answer
 
     def _index(self, updates: list) -> None:
         if self._indexed:
@@ -162,7 +243,7 @@ class NodeRecoveryWorkflow:
         cls = self._classification = await self._step("classify", workflow.execute_activity_method(
             ClassifyActivities.classify_fault, first.xid, start_to_close_timeout=timedelta(seconds=30),
             summary=f"Classify XID {first.xid} by the fault policy table",
-        ))
+        ), abortable=False)  # the report needs the classification; it takes milliseconds
         self._note(f"XID {cls.xid} {cls.mnemonic}: {cls.fault_class.value}")
         ctx = ActionContext(
             incident_id=self._incident_id, owner=policy.owner, actor=first.actor,
@@ -178,8 +259,11 @@ class NodeRecoveryWorkflow:
             # A final failure (a node or job Slurm does not know, a deadline passed): the incident
             # ends in an explicit failed state, with the report of what was done before it.
             why = f"failed in {self._phase}: {_cause(err)}"
-            self._note(why)
-            return self._finish(first, action, why, [], None)
+        except IncidentAborted:
+            assert self._abort is not None
+            why = f"aborted by {self._abort.actor} in {self._phase}: {self._abort.reason}; node left as it was"
+        self._note(why)
+        return self._finish(first, action, why, [], None)
 
     async def _recover(self, req: RecoveryRequest, first: NodeFailureAlert, cls: FaultClassification,
                        ctx: ActionContext, action: str) -> IncidentReport:
@@ -208,6 +292,12 @@ class NodeRecoveryWorkflow:
         else:
             self._skip("grace", f"{cls.fault_class.value} XID: the GPU is gone, no checkpoint to wait for")
 
+        large = [s.job.job_id for s in jobs if len(s.job.nodes) >= policy.approval_min_job_nodes]
+        if large and await self._approval("requeue", policy,
+                                          f"requeue job(s) {', '.join(map(str, large))} off {req.node}, "
+                                          "stopping their processes") == "deny":
+            return self._finish(first, action, f"denied: requeue ({self._decisions[-1].actor}: "
+                                f"{self._decisions[-1].reason}); node stays drained, jobs left running", [], None)
         requeued = await self._step("requeue", self._requeue(jobs, req.node, ctx))
         if fence.owned_by_other:
             self._skip("mark_down", "left as found: drained by someone else")
@@ -219,13 +309,19 @@ class NodeRecoveryWorkflow:
             self._actions.append(down.action)
             self._note(down.action.detail)
 
-        replacement = await self._step("request_replacement", workflow.execute_activity_method(
-            ReplacementActivities.request_replacement,
-            ReplacementRequest(failed_node=req.node, spare_nodes=policy.spare_nodes, ctx=ctx),
-            summary=f"Request replacement capacity for {req.node}", **SLURM_CALL,
-        ))
-        self._actions.extend(replacement.actions)
-        self._note(f"{replacement.provider}: {replacement.node or 'none'} ({replacement.detail})")
+        if await self._approval("replacement", policy, f"bring in replacement capacity for {req.node}") == "deny":
+            denied = self._decisions[-1]
+            replacement = ReplacementResult(node=None, provider="none",
+                                            detail=f"denied by {denied.actor}: {denied.reason}")
+            self._skip("request_replacement", replacement.detail)
+        else:
+            replacement = await self._step("request_replacement", workflow.execute_activity_method(
+                ReplacementActivities.request_replacement,
+                ReplacementRequest(failed_node=req.node, spare_nodes=policy.spare_nodes, ctx=ctx),
+                summary=f"Request replacement capacity for {req.node}", **SLURM_CALL,
+            ))
+            self._actions.extend(replacement.actions)
+            self._note(f"{replacement.provider}: {replacement.node or 'none'} ({replacement.detail})")
         spare = None
         if policy.dry_run:
             self._skip("wait_for_spare", "dry-run: no spare was brought in")
@@ -247,6 +343,15 @@ class NodeRecoveryWorkflow:
         self._note("; ".join(f"job {v.job_id}: {'ok' if v.verified else ', '.join(v.why_not)}" for v in verifications))
         outcome = _outcome(replacement.detail if replacement.node is None else None, spare, verifications)
         return self._finish(first, action, outcome, verifications, spare)
+
+    async def _approval(self, gate: ApprovalGate, policy: RecoveryPolicy, question: str) -> str:
+        """"approve" or "deny" for a destructive step; "approve" at once when the policy does not gate it."""
+        if gate not in policy.approval_required:
+            return "approve"
+        if policy.dry_run:
+            self._skip(f"approval_{gate}", f"dry-run: would ask an operator to {question}")
+            return "approve"
+        return (await self._step(f"approval_{gate}", self._gate(gate, question, policy))).kind
 
     def _skip(self, name: str, why: str) -> None:
         now = workflow.now()
@@ -333,7 +438,12 @@ class NodeRecoveryWorkflow:
             incident_id=self._incident_id, node=self._node, classification=self._classification,
             action=action, outcome=outcome, failure_at=first.observed_at, phases=self._phases,
             jobs=self._jobs, verifications=verifications, spare=spare, alerts=self._alerts, actions=self._actions,
+            decisions=self._decisions,
         )
+
+
+class IncidentAborted(Exception):
+    """An operator aborted the incident (update `abort`): it stops before its next step."""
 
 
 def outcome_label(outcome: str) -> str:

@@ -4,11 +4,15 @@ workflow's logic), so a 10-minute grace period takes no wall time."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
+from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 
+import pytest
 from temporalio import activity
+from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.worker import Worker
 
@@ -24,6 +28,7 @@ from contracts.models import (
     NodeFailureAlert,
     NodeFenceResult,
     NodeRequest,
+    OperatorDecision,
     RecoveryPolicy,
     ReplacementRequest,
     ReplacementResult,
@@ -126,15 +131,21 @@ class StandIns:
                 requeue_job, request_replacement, wait_for_spare, verify_restart]
 
 
-async def run_incident(env, stand_ins: StandIns, xid: int, grace: float = 600.0):
+@asynccontextmanager
+async def incident(env, stand_ins: StandIns, xid: int, grace: float = 600.0, **policy):
+    """A started incident on a worker of its own; yields its workflow handle."""
     task_queue = f"decisions-{uuid.uuid4()}"
     async with Worker(env.client, task_queue=task_queue, workflows=[NodeRecoveryWorkflow],
                       activities=stand_ins.activities()):
         alert = NodeFailureAlert(node="gpu-2", xid=xid, source="test", actor="pytest")
-        policy = RecoveryPolicy(degrading_grace_seconds=grace, spare_nodes=["gpu-5"],
-                                # the time-skipping test server cannot register search attributes
-                                search_attributes=False)
-        handle = await raise_alert(env.client, alert, task_queue, policy)
+        # the time-skipping test server cannot register search attributes
+        policy = RecoveryPolicy(degrading_grace_seconds=grace, spare_nodes=["gpu-5"], search_attributes=False,
+                                **policy)
+        yield await raise_alert(env.client, alert, task_queue, policy)
+
+
+async def run_incident(env, stand_ins: StandIns, xid: int, grace: float = 600.0, **policy):
+    async with incident(env, stand_ins, xid, grace, **policy) as handle:
         return await handle.result()
 
 
@@ -194,3 +205,97 @@ async def test_a_final_activity_failure_ends_in_an_explicit_failed_state(time_sk
     assert report.outcome == "failed in drain: SlurmNotFound: node gpu-2 is not in this cluster"
     assert phase(report, "drain").result == report.outcome
     assert stand_ins.calls == []  # nothing after the failed step
+
+
+# --- approval gates and abort (operator updates) ------------------------------------------------
+
+OPERATOR = OperatorDecision(actor="alice", reason="checked the job owner's runbook")
+
+
+async def until_awaiting(handle, gate: str):
+    """Polls the incident until it waits at `gate` (the test server skips no time meanwhile)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status = await handle.query(NodeRecoveryWorkflow.status)
+        if status.awaiting_approval is not None and status.awaiting_approval.gate == gate:
+            return status
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the incident never asked for approval of {gate}")
+
+
+async def test_an_unanswered_gate_takes_the_safe_default(time_skipping_env):
+    """Nobody answers within the policy's hour: stay drained, kill nothing, and say so."""
+    stand_ins = StandIns(FaultClass.FATAL)
+    report = await run_incident(time_skipping_env, stand_ins, xid=79, approval_required=["requeue"])
+    assert report.outcome.startswith("denied: requeue (policy: no answer within 3600 s: deny by default)")
+    assert "requeue_job" not in stand_ins.calls and "mark_node_down" not in stand_ins.calls
+    assert stand_ins.calls == ["drain_node", "signal_job USR1"]
+    [decision] = report.decisions
+    assert (decision.kind, decision.gate, decision.actor) == ("deny", "requeue", "policy")
+    gate = phase(report, "approval_requeue")
+    assert (gate.ended_at - gate.started_at).total_seconds() >= 3600
+
+
+async def test_an_approved_requeue_goes_ahead_and_records_who_and_why(time_skipping_env):
+    stand_ins = StandIns(FaultClass.FATAL)
+    async with incident(time_skipping_env, stand_ins, xid=79, approval_required=["requeue"]) as handle:
+        status = await until_awaiting(handle, "requeue")
+        assert "job(s) 42" in status.awaiting_approval.question
+        assert "requeue_job" not in stand_ins.calls  # nothing destructive before the answer
+        after = await handle.execute_update(NodeRecoveryWorkflow.approve, OPERATOR)
+        assert after.decisions[-1].model_dump(include={"kind", "gate", "actor", "reason"}) == {
+            "kind": "approve", "gate": "requeue", "actor": "alice", "reason": OPERATOR.reason}
+        report = await handle.result()
+    assert report.outcome == "recovered"
+    assert phase(report, "approval_requeue").result == f"approve by alice: {OPERATOR.reason}"
+
+
+async def test_a_denied_replacement_is_skipped_and_reported(time_skipping_env):
+    stand_ins = StandIns(FaultClass.FATAL)
+    async with incident(time_skipping_env, stand_ins, xid=79, approval_required=["replacement"]) as handle:
+        await until_awaiting(handle, "replacement")
+        await handle.execute_update(NodeRecoveryWorkflow.deny, OPERATOR)
+        report = await handle.result()
+    assert "request_replacement" not in stand_ins.calls and "requeue_job" in stand_ins.calls
+    assert report.outcome == f"no_replacement: denied by alice: {OPERATOR.reason}"
+
+
+async def test_small_jobs_pass_the_requeue_gate_without_asking(time_skipping_env):
+    """The gate is for jobs above a size: the 2-node job is below a 4-node threshold."""
+    report = await run_incident(time_skipping_env, StandIns(FaultClass.FATAL), xid=79,
+                                approval_required=["requeue"], approval_min_job_nodes=4)
+    assert report.outcome == "recovered" and report.decisions == []
+
+
+async def test_approval_is_refused_when_nothing_awaits_it(time_skipping_env):
+    stand_ins = StandIns(FaultClass.DEGRADING, checkpoint_arrives=False)
+    async with incident(time_skipping_env, stand_ins, xid=94, approval_required=["replacement"]) as handle:
+        await until_status(handle, lambda s: s.phase == "grace")
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(NodeRecoveryWorkflow.approve, OPERATOR)
+        assert "awaits no approval" in str(refused.value.cause)
+        status = await handle.query(NodeRecoveryWorkflow.status)
+        assert status.decisions == []  # a refused update changes nothing
+        await handle.execute_update(NodeRecoveryWorkflow.abort, OPERATOR)
+        await handle.result()
+
+
+async def test_abort_stops_the_incident_before_its_next_step(time_skipping_env):
+    """Aborted during the grace period: no requeue, no DOWN; the node stays drained."""
+    stand_ins = StandIns(FaultClass.DEGRADING, checkpoint_arrives=False)
+    async with incident(time_skipping_env, stand_ins, xid=94) as handle:
+        await until_status(handle, lambda s: s.phase == "grace")
+        await handle.execute_update(NodeRecoveryWorkflow.abort, OPERATOR)
+        report = await handle.result()
+    assert report.outcome == f"aborted by alice in grace: {OPERATOR.reason}; node left as it was"
+    assert stand_ins.calls == ["drain_node", "signal_job USR1"]
+    assert [d.kind for d in report.decisions] == ["abort"]
+
+
+async def until_status(handle, ready):
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if ready(await handle.query(NodeRecoveryWorkflow.status)):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the incident never reached the expected state")
