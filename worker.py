@@ -81,14 +81,16 @@ async def build_slurm(settings: Settings, stack: AsyncExitStack) -> SlurmClient:
     return SlurmClient(cli, rest)
 
 
-def activities_for(settings: Settings, slurm: SlurmClient, metrics: RecoveryMetrics = DEFAULT_METRICS) -> list:
+def activities_for(settings: Settings, slurm: SlurmClient, temporal: Client,
+                   metrics: RecoveryMetrics = DEFAULT_METRICS) -> list:
     checkpoints = CheckpointStore()
-    classify = ClassifyActivities(XidPolicyTable(settings.xid_policy_file))
+    classify = ClassifyActivities(XidPolicyTable(settings.xid_policy_file), temporal)
     fencing = FencingActivities(slurm)
     jobs = JobActivities(slurm, checkpoints)
     replacement = ReplacementActivities(slurm, HotSparePool(slurm), HealthCheck(settings.health_check_argv()))
     return [
         classify.classify_fault,
+        classify.count_application_incidents,
         fencing.drain_node,
         fencing.mark_node_down,
         jobs.find_jobs,
@@ -138,7 +140,7 @@ async def main() -> None:
                 sys.exit(f"cannot register the incident search attributes ({e}): create them as the README "
                          "shows, or set RECOVERY_SEARCH_ATTRIBUTES=false")
         slurm = await build_slurm(settings, stack)
-        async with build_worker(client, settings.task_queue, activities_for(settings, slurm),
+        async with build_worker(client, settings.task_queue, activities_for(settings, slurm, client),
                                 **telemetry.worker_options()):
             log.info("worker polling %s on %s/%s", settings.task_queue, settings.temporal_address,
                      settings.temporal_namespace)

@@ -75,6 +75,8 @@ class NodeFailureAlert(Contract):
     reason: Annotated[str, Field(min_length=1, max_length=500)] = "GPU fault reported"
     observed_at: datetime = Field(default_factory=utc_now)
     message: Annotated[str, Field(max_length=2000)] = ""
+    gpu: Annotated[str, Field(pattern=r"^[A-Za-z0-9:._-]{1,64}$")] | None = Field(
+        None, description="which GPU: index, UUID or PCI bus id as the source names it")
     observed_on: NodeName | None = Field(
         None, description="where the symptom was seen, when not on `node`: a peer of the failed node "
         "whose alert (NVLink, NCCL timeout) was correlated to this node's incident")
@@ -98,6 +100,10 @@ class RecoveryPolicy(Contract):
     verify_deadline_seconds: float = Field(600.0, gt=0)
     dry_run: bool = Field(False, description="observe mode: run every decision, record each action it "
                           "would take with its exact command, execute none")
+    application_xid_threshold: int = Field(
+        3, ge=1, description="application XIDs (13, 31, 43, ...) on one GPU within the window before the node is "
+        "drained and escalated; fewer: no node action")
+    application_xid_window_seconds: float = Field(24 * 3600.0, gt=0)
     approval_required: list[ApprovalGate] = Field(
         default_factory=list, description="destructive steps that wait for an operator's approve/deny")
     approval_min_job_nodes: int = Field(
@@ -122,6 +128,15 @@ class OperatorDecision(Contract):
 
     actor: Actor
     reason: Annotated[str, Field(min_length=1, max_length=500)]
+
+
+class ApplicationXidCountRequest(Contract):
+    """How many incidents for application XIDs this node's GPU had within the window."""
+
+    node: NodeName
+    gpu: str | None
+    window_seconds: float
+    this_run_id: str = Field(description="the asking incident, not counted")
 
 
 class RecoveryRequest(Contract):

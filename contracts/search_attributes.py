@@ -17,5 +17,7 @@ JOB_IDS = SearchAttributeKey.for_keyword_list("RecoveryJobIds")
 # Nodes that shared a job with the failed node when it failed: alerts that follow from this
 # failure on those peers (NVLink, NCCL timeouts) join this incident.
 PEER_NODES = SearchAttributeKey.for_keyword_list("RecoveryPeerNodes")
+# The GPU the first alert named: application XIDs are counted per GPU over a window.
+GPU = SearchAttributeKey.for_keyword("RecoveryGpu")
 
-ALL = (NODE, XID, PHASE, OUTCOME, JOB_IDS, PEER_NODES)
+ALL = (NODE, XID, PHASE, OUTCOME, JOB_IDS, PEER_NODES, GPU)

@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
     from contracts.models import (
         ActionContext,
         ActionRecord,
+        ApplicationXidCountRequest,
         ApprovalGate,
         ApprovalRequest,
         CheckpointWaitRequest,
@@ -36,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         JobSnapshot,
         JobVerification,
         NodeFailureAlert,
+        NodeFenceResult,
         NodeRequest,
         OperatorDecision,
         Phase,
@@ -236,12 +238,13 @@ class NodeRecoveryWorkflow:
         first = self._alerts[0]
         policy = req.policy
         self._indexed = policy.search_attributes
-        self._index([sa.NODE.value_set(req.node), sa.XID.value_set(first.xid)])
+        self._index([sa.NODE.value_set(req.node), sa.XID.value_set(first.xid)]
+                    + ([sa.GPU.value_set(first.gpu)] if first.gpu else []))
         workflow.set_current_details(f"Incident {self._incident_id}: XID {first.xid} on {req.node}, "
                                      f"reported by {first.actor} via {first.source}: {first.reason}")
 
         cls = self._classification = await self._step("classify", workflow.execute_activity_method(
-            ClassifyActivities.classify_fault, first.xid, start_to_close_timeout=timedelta(seconds=30),
+            ClassifyActivities.classify_fault, first, start_to_close_timeout=timedelta(seconds=30),
             summary=f"Classify XID {first.xid} by the fault policy table",
         ), abortable=False)  # the report needs the classification; it takes milliseconds
         self._note(f"XID {cls.xid} {cls.mnemonic}: {cls.fault_class.value}")
@@ -250,10 +253,18 @@ class NodeRecoveryWorkflow:
             reason=f"{first.source}: {first.reason}", xid=first.xid, mnemonic=cls.mnemonic,
             dry_run=policy.dry_run,
         )
-        if cls.fault_class == FaultClass.APPLICATION:
-            return self._finish(first, "none", "no_node_action", [], None)
-        action = "fence_and_escalate" if cls.fault_class == FaultClass.UNKNOWN else "recover"
+        action = "none"
         try:
+            if cls.fault_class == FaultClass.APPLICATION:
+                seen = await self._step("count_application_xids", self._count_application_xids(first, policy))
+                if seen < policy.application_xid_threshold:
+                    return self._finish(first, action, "no_node_action", [], None)
+                # Repeated on one GPU, an "application" XID points at the GPU: fence, let a person decide.
+                action = "fence_and_escalate"
+                return await self._fence_and_escalate(req, ctx, first, action, f"escalated: {seen} application XIDs on "
+                                                      f"GPU {first.gpu or '(unnamed)'} within "
+                                                      f"{policy.application_xid_window_seconds:.0f} s")
+            action = "fence_and_escalate" if cls.fault_class == FaultClass.UNKNOWN else "recover"
             return await self._recover(req, first, cls, ctx, action)
         except ActivityError as err:
             # A final failure (a node or job Slurm does not know, a deadline passed): the incident
@@ -268,14 +279,9 @@ class NodeRecoveryWorkflow:
     async def _recover(self, req: RecoveryRequest, first: NodeFailureAlert, cls: FaultClassification,
                        ctx: ActionContext, action: str) -> IncidentReport:
         policy = req.policy
-        fence = await self._step("drain", workflow.execute_activity_method(
-            FencingActivities.drain_node, NodeRequest(node=req.node, ctx=ctx),
-            summary=f"Drain {req.node} in Slurm: no new work lands on it", **SLURM_CALL,
-        ))
-        self._actions.append(fence.action)
-        self._note(fence.action.detail)
         if cls.fault_class == FaultClass.UNKNOWN:
-            return self._finish(first, action, "escalated: unknown XID, node drained, jobs left running", [], None)
+            return await self._fence_and_escalate(req, ctx, first, action, "escalated: unknown XID")
+        fence = await self._drain(req, ctx)
 
         jobs = self._jobs = await self._step("find_jobs", workflow.execute_activity_method(
             JobActivities.find_jobs, req.node, summary=f"Find the jobs running on {req.node}", **SLURM_CALL,
@@ -343,6 +349,35 @@ class NodeRecoveryWorkflow:
         self._note("; ".join(f"job {v.job_id}: {'ok' if v.verified else ', '.join(v.why_not)}" for v in verifications))
         outcome = _outcome(replacement.detail if replacement.node is None else None, spare, verifications)
         return self._finish(first, action, outcome, verifications, spare)
+
+    async def _drain(self, req: RecoveryRequest, ctx: ActionContext) -> NodeFenceResult:
+        fence = await self._step("drain", workflow.execute_activity_method(
+            FencingActivities.drain_node, NodeRequest(node=req.node, ctx=ctx),
+            summary=f"Drain {req.node} in Slurm: no new work lands on it", **SLURM_CALL,
+        ))
+        self._actions.append(fence.action)
+        self._note(fence.action.detail)
+        return fence
+
+    async def _fence_and_escalate(self, req: RecoveryRequest, ctx: ActionContext, first: NodeFailureAlert,
+                                  action: str, why: str) -> IncidentReport:
+        """Drain only: nothing lands on the node, running jobs go on, a person decides the rest."""
+        await self._drain(req, ctx)
+        return self._finish(first, action, f"{why}: node drained, jobs left running", [], None)
+
+    async def _count_application_xids(self, first: NodeFailureAlert, policy: RecoveryPolicy) -> int:
+        """This incident plus the earlier ones for application XIDs on the same GPU in the window."""
+        earlier = await workflow.execute_activity_method(
+            ClassifyActivities.count_application_incidents,
+            ApplicationXidCountRequest(node=self._node, gpu=first.gpu, this_run_id=workflow.info().run_id,
+                                       window_seconds=policy.application_xid_window_seconds),
+            summary=f"Count recent application XIDs on {self._node} GPU {first.gpu or '(unnamed)'}",
+            **SLURM_CALL,
+        )
+        seen = earlier + 1
+        self._note(f"{seen} of {policy.application_xid_threshold} application XID(s) on GPU "
+                   f"{first.gpu or '(unnamed)'} within {policy.application_xid_window_seconds:.0f} s")
+        return seen
 
     async def _approval(self, gate: ApprovalGate, policy: RecoveryPolicy, question: str) -> str:
         """"approve" or "deny" for a destructive step; "approve" at once when the policy does not gate it."""

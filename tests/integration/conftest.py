@@ -47,7 +47,7 @@ async def recovery_worker(temporal_env, settings):
     """An in-process worker on the test's own task queue, with the real Slurm backends."""
     async with AsyncExitStack() as stack:
         slurm = await build_slurm(settings, stack)
-        async with build_worker(temporal_env.client, settings.task_queue, activities_for(settings, slurm)):
+        async with build_worker(temporal_env.client, settings.task_queue, activities_for(settings, slurm, temporal_env.client)):
             yield slurm
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 
@@ -18,6 +19,7 @@ from temporalio.worker import Worker
 
 from contracts.models import (
     ActionRecord,
+    ApplicationXidCountRequest,
     CheckpointRef,
     CheckpointWaitRequest,
     CheckpointWaitResult,
@@ -57,17 +59,29 @@ class StandIns:
     """Activities that answer like a healthy cluster; each test changes what it needs."""
 
     def __init__(self, fault_class: FaultClass, checkpoint_arrives: bool = True, spare: str | None = "gpu-5",
-                 verified: bool = True, unknown_node: bool = False):
+                 verified: bool = True, unknown_node: bool = False, earlier_application_incidents: int = 0,
+                 classify: Callable[[NodeFailureAlert], Awaitable[FaultClassification]] | None = None,
+                 count_application_incidents: Callable[[ApplicationXidCountRequest], Awaitable[int]] | None = None):
         self.fault_class, self.checkpoint_arrives, self.spare, self.verified = (
             fault_class, checkpoint_arrives, spare, verified)
         self.unknown_node = unknown_node
+        self.earlier_application_incidents = earlier_application_incidents
+        self.real_classify, self.real_count = classify, count_application_incidents
         self.calls: list[str] = []
         self.checkpoint_looks = 0
 
     def activities(self) -> list:
         @activity.defn(name="classify_fault")
-        async def classify_fault(xid: int) -> FaultClassification:
-            return FaultClassification(xid=xid, fault_class=self.fault_class, policy_source="test")
+        async def classify_fault(alert: NodeFailureAlert) -> FaultClassification:
+            if self.real_classify is not None:
+                return await self.real_classify(alert)
+            return FaultClassification(xid=alert.xid, fault_class=self.fault_class, policy_source="test")
+
+        @activity.defn(name="count_application_incidents")
+        async def count_application_incidents(req: ApplicationXidCountRequest) -> int:
+            if self.real_count is not None:
+                return await self.real_count(req)
+            return self.earlier_application_incidents
 
         async def fence(req: NodeRequest, name: str) -> NodeFenceResult:
             if self.unknown_node:
@@ -127,25 +141,26 @@ class StandIns:
                                    restart_count_before=0, restart_count_after=1,
                                    nodes_before=JOB.nodes, nodes_after=["gpu-1", "gpu-3"])
 
-        return [classify_fault, drain_node, mark_node_down, find_jobs, signal_job, wait_for_checkpoint,
+        return [classify_fault, count_application_incidents, drain_node, mark_node_down, find_jobs, signal_job, wait_for_checkpoint,
                 requeue_job, request_replacement, wait_for_spare, verify_restart]
 
 
 @asynccontextmanager
-async def incident(env, stand_ins: StandIns, xid: int, grace: float = 600.0, **policy):
+async def incident(env, stand_ins: StandIns, xid: int, grace: float = 600.0, *, node: str = "gpu-2",
+                   gpu: str | None = None, message: str = "", **policy):
     """A started incident on a worker of its own; yields its workflow handle."""
     task_queue = f"decisions-{uuid.uuid4()}"
     async with Worker(env.client, task_queue=task_queue, workflows=[NodeRecoveryWorkflow],
                       activities=stand_ins.activities()):
-        alert = NodeFailureAlert(node="gpu-2", xid=xid, source="test", actor="pytest")
+        alert = NodeFailureAlert(node=node, xid=xid, gpu=gpu, message=message, source="test", actor="pytest")
         # the time-skipping test server cannot register search attributes
-        policy = RecoveryPolicy(degrading_grace_seconds=grace, spare_nodes=["gpu-5"], search_attributes=False,
-                                **policy)
+        policy = RecoveryPolicy(degrading_grace_seconds=grace, spare_nodes=["gpu-5"],
+                                **{"search_attributes": False, **policy})
         yield await raise_alert(env.client, alert, task_queue, policy)
 
 
-async def run_incident(env, stand_ins: StandIns, xid: int, grace: float = 600.0, **policy):
-    async with incident(env, stand_ins, xid, grace, **policy) as handle:
+async def run_incident(env, stand_ins: StandIns, xid: int, grace: float = 600.0, **options):
+    async with incident(env, stand_ins, xid, grace, **options) as handle:
         return await handle.result()
 
 
@@ -299,3 +314,61 @@ async def until_status(handle, ready):
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the incident never reached the expected state")
+
+
+# --- application XIDs: counted over a window per GPU -------------------------------------------
+
+
+async def test_repeated_application_xids_on_one_gpu_drain_and_escalate(time_skipping_env):
+    stand_ins = StandIns(FaultClass.APPLICATION, earlier_application_incidents=2)
+    report = await run_incident(time_skipping_env, stand_ins, xid=13, gpu="0")
+    assert report.outcome == ("escalated: 3 application XIDs on GPU 0 within 86400 s: "
+                              "node drained, jobs left running")
+    assert report.action == "fence_and_escalate" and stand_ins.calls == ["drain_node"]
+
+
+async def test_application_xids_counted_from_earlier_incidents_on_the_real_server(temporal_env):
+    """The count comes from Temporal's visibility: two XID 13 incidents on GPU 0 change nothing,
+    the third drains the node; another GPU's count is its own."""
+    from activities.xid_policy import ClassifyActivities, XidPolicyTable
+    from contracts.settings import DEFAULT_XID_POLICY
+
+    real = ClassifyActivities(XidPolicyTable(DEFAULT_XID_POLICY), temporal_env.client)
+    node = f"gpu-{uuid.uuid4().hex[:8]}"
+
+    async def one(xid: int, gpu: str):
+        stand_ins = StandIns(FaultClass.APPLICATION, classify=real.classify_fault,
+                             count_application_incidents=real.count_application_incidents)
+        report = await run_incident(temporal_env, stand_ins, xid=xid, node=node, gpu=gpu, search_attributes=True)
+        return report, stand_ins.calls
+
+    async def visible(count: int):
+        query = f"RecoveryNode = '{node}'"
+        deadline = time.monotonic() + 30
+        while (await temporal_env.client.count_workflows(query)).count < count:
+            assert time.monotonic() < deadline, "incidents never became visible"
+            await asyncio.sleep(0.1)
+
+    for seen, xid in enumerate((13, 31), start=1):
+        report, calls = await one(xid, gpu="0")
+        assert (report.outcome, calls) == ("no_node_action", [])
+        assert phase(report, "count_application_xids").result.startswith(f"{seen} of 3 application XID(s) on GPU 0")
+        await visible(seen)
+    report, calls = await one(13, gpu="1")
+    assert (report.outcome, calls) == ("no_node_action", [])  # GPU 1 had none before
+    await visible(3)
+    report, calls = await one(43, gpu="0")
+    assert report.outcome.startswith("escalated: 3 application XIDs on GPU 0") and calls == ["drain_node"]
+
+
+async def test_xid_154_follows_the_drivers_recommended_action(time_skipping_env):
+    """XID 154 classified with the real policy table: "Node Reboot Required" is fatal."""
+    from activities.xid_policy import ClassifyActivities, XidPolicyTable
+    from contracts.settings import DEFAULT_XID_POLICY
+
+    real = ClassifyActivities(XidPolicyTable(DEFAULT_XID_POLICY), time_skipping_env.client)
+    stand_ins = StandIns(FaultClass.UNKNOWN, classify=real.classify_fault)
+    report = await run_incident(time_skipping_env, stand_ins, xid=154, message=(
+        "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"))
+    assert (report.fault_class.value, report.outcome) == ("fatal", "recovered")
+    assert "requeue_job" in stand_ins.calls
