@@ -34,6 +34,7 @@ from contracts.settings import ConfigError, Settings, load_settings, load_teleme
 from observability.metrics import DEFAULT as DEFAULT_METRICS, RecoveryMetrics
 from observability.telemetry import Telemetry
 from workflows.node_recovery import NodeRecoveryWorkflow
+from workflows.return_to_service import ReturnToServiceWorkflow
 
 log = logging.getLogger("training_recovery.worker")
 
@@ -85,14 +86,16 @@ def activities_for(settings: Settings, slurm: SlurmClient, temporal: Client,
                    metrics: RecoveryMetrics = DEFAULT_METRICS) -> list:
     checkpoints = CheckpointStore()
     classify = ClassifyActivities(XidPolicyTable(settings.xid_policy_file), temporal)
-    fencing = FencingActivities(slurm)
+    health = HealthCheck(settings.health_check_argv())
+    fencing = FencingActivities(slurm, health)
     jobs = JobActivities(slurm, checkpoints)
-    replacement = ReplacementActivities(slurm, HotSparePool(slurm), HealthCheck(settings.health_check_argv()))
+    replacement = ReplacementActivities(slurm, HotSparePool(slurm), health)
     return [
         classify.classify_fault,
         classify.count_application_incidents,
         fencing.drain_node,
         fencing.mark_node_down,
+        fencing.return_to_service,
         jobs.find_jobs,
         jobs.signal_job,
         jobs.wait_for_checkpoint,
@@ -108,7 +111,7 @@ def build_worker(client: Client, task_queue: str, activities: list, **options) -
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[NodeRecoveryWorkflow],
+        workflows=[NodeRecoveryWorkflow, ReturnToServiceWorkflow],
         activities=activities,
         # After a crash the next workflow task would wait this long on the dead worker's sticky queue.
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),

@@ -1,7 +1,8 @@
-"""Steps 2 and 4b: take the failed node out of service in Slurm (drain, later down).
+"""Steps 2 and 4b: take the failed node out of service in Slurm (drain, later down); and, after
+repair, return it to service.
 
-Both are idempotent: a node already fenced by this incident is left as it is, and a node that
-someone else drained is never overwritten; the result says so.
+All are idempotent: a node already fenced by this incident is left as it is, a node that someone
+else drained is never overwritten, and only this incident's own fence is ever undone.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from temporalio import activity
 
 from contracts.audit import record
 from backends.slurm import NodeUpdate, SlurmClient
-from contracts.models import ActionContext, NodeFenceResult, NodeRequest, SlurmNode
+from backends.health import HealthCheck
+from contracts.models import ActionContext, NodeFenceResult, NodeRequest, RepairCheck, SlurmNode
 
 
 def fenced_by(node: SlurmNode, ctx: ActionContext) -> bool:
@@ -20,8 +22,9 @@ def fenced_by(node: SlurmNode, ctx: ActionContext) -> bool:
 
 
 class FencingActivities:
-    def __init__(self, slurm: SlurmClient):
+    def __init__(self, slurm: SlurmClient, health: HealthCheck):
         self._slurm = slurm
+        self._health = health
 
     async def _fence(
         self, req: NodeRequest, state: NodeUpdate, done: Callable[[SlurmNode], bool]
@@ -58,3 +61,26 @@ class FencingActivities:
     @activity.defn
     async def mark_node_down(self, req: NodeRequest) -> NodeFenceResult:
         return await self._fence(req, "DOWN", done=lambda node: node.state == "down")
+
+    @activity.defn
+    async def return_to_service(self, req: NodeRequest) -> RepairCheck:
+        """After repair: resume the node if its fence is still this incident's, slurmd answers
+        and the health check hook passes. Safe to retry: a resumed node is found in service."""
+        node = await self._slurm.get_node(req.node)
+        if node.in_service:
+            return RepairCheck(node=req.node, returned=True, final=True, detail="in service, repaired and healthy")
+        if not fenced_by(node, req.ctx):
+            action = record("return_to_service", req.node, "none", req.ctx,
+                            f"left as found: fenced by someone else now ({node.reason!r})")
+            return RepairCheck(node=req.node, returned=False, final=True, detail=action.detail, action=action)
+        if not node.responding:
+            return RepairCheck(node=req.node, returned=False, final=False, detail="slurmd does not answer yet")
+        healthy, detail = await self._health.check(req.node)
+        if not healthy:
+            return RepairCheck(node=req.node, returned=False, final=False, detail=detail)
+        call = await self._slurm.update_node(req.node, "RESUME", None)
+        action = record("return_to_service", req.node, call, req.ctx, f"repaired and healthy: {detail}")
+        # A resumed DOWN node is NOT_RESPONDING until slurmctld's next ping: the next look confirms it.
+        returned = (await self._slurm.get_node(req.node)).in_service
+        return RepairCheck(node=req.node, returned=returned, final=returned, action=action,
+                           detail=action.detail if returned else "resumed; waiting for slurmctld to see it answer")

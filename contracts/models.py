@@ -104,6 +104,9 @@ class RecoveryPolicy(Contract):
         3, ge=1, description="application XIDs (13, 31, 43, ...) on one GPU within the window before the node is "
         "drained and escalated; fewer: no node action")
     application_xid_window_seconds: float = Field(24 * 3600.0, gt=0)
+    repair_poll_seconds: float = Field(
+        300.0, gt=0, description="after a recovery, how often the failed node is checked for repair")
+    repair_wait_seconds: float = Field(7 * 24 * 3600.0, gt=0, description="how long to wait for a repair")
     approval_required: list[ApprovalGate] = Field(
         default_factory=list, description="destructive steps that wait for an operator's approve/deny")
     approval_min_job_nodes: int = Field(
@@ -330,6 +333,33 @@ class Invocation(Contract):
     executed: bool = True
 
 
+class ReturnToServiceRequest(Contract):
+    node: NodeName
+    ctx: ActionContext = Field(description="the incident that fenced the node: only its fence is undone")
+    poll_seconds: float = Field(gt=0)
+    give_up_at: datetime
+    checks: int = 0
+    actions: list[ActionRecord] = Field(default_factory=list)
+
+
+class RepairCheck(Contract):
+    """One look at a fenced node: returned to service now, or why not (and whether to look again)."""
+
+    node: NodeName
+    returned: bool
+    final: bool = Field(description="nothing more to wait for: returned, or no longer ours to return")
+    detail: str
+    action: ActionRecord | None = None
+
+
+class ReturnToServiceResult(Contract):
+    node: NodeName
+    returned: bool
+    outcome: str
+    checks: int
+    actions: list[ActionRecord] = Field(default_factory=list)
+
+
 class NodeFenceResult(Contract):
     node: NodeName
     before: SlurmNode
@@ -464,6 +494,8 @@ class IncidentReport(Contract):
     alerts: list[NodeFailureAlert] = Field(default_factory=list)
     actions: list[ActionRecord] = Field(default_factory=list)
     decisions: list[DecisionRecord] = Field(default_factory=list)
+    return_to_service: str | None = Field(
+        None, description="the workflow id that returns the failed node to service once repaired")
     dry_run: bool = False
     intended_actions: list[ActionRecord] = Field(
         default_factory=list, description="dry-run: each action the incident would have taken, not executed")

@@ -15,7 +15,8 @@ from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
+from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.fencing import FencingActivities
@@ -47,31 +48,19 @@ with workflow.unsafe.imports_passed_through():
         ReplacementResult,
         RequeueRequest,
         RequeueResult,
+        ReturnToServiceRequest,
         SignalRequest,
         SpareResult,
         SpareWaitRequest,
         VerifyRequest,
     )
     from contracts import search_attributes as sa
+    from workflows.call_options import HEARTBEAT, SLURM_CALL, SLURM_RETRY
     from workflows.report import build_report
+    from workflows.return_to_service import ReturnToServiceWorkflow, return_to_service_workflow_id
 
 T = TypeVar("T")
 
-# Slurm calls: retried with backoff for up to ten minutes (a restarting slurmctld, a busy
-# slurmrestd); a node or job that does not exist is final.
-SLURM_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30),
-    non_retryable_error_types=["SlurmNotFound", "Unsupported", "ValidationError"],
-)
-SLURM_CALL = dict(
-    start_to_close_timeout=timedelta(seconds=30),
-    schedule_to_close_timeout=timedelta(minutes=10),
-    retry_policy=SLURM_RETRY,
-)
-# Long polls heartbeat; a worker that dies mid-poll is noticed within this timeout.
-HEARTBEAT = timedelta(seconds=5)
 
 
 def incident_workflow_id(node: str) -> str:
@@ -96,6 +85,7 @@ class NodeRecoveryWorkflow:
         self._answer: DecisionRecord | None = None
         self._abort: DecisionRecord | None = None
         self._decisions: list[DecisionRecord] = []
+        self._return_to_service: str | None = None
 
     @workflow.signal
     def alert(self, alert: NodeFailureAlert) -> None:
@@ -348,7 +338,31 @@ class NodeRecoveryWorkflow:
                                                                  policy.verify_deadline_seconds))
         self._note("; ".join(f"job {v.job_id}: {'ok' if v.verified else ', '.join(v.why_not)}" for v in verifications))
         outcome = _outcome(replacement.detail if replacement.node is None else None, spare, verifications)
+        if not fence.owned_by_other:
+            await self._step("return_to_service", self._start_return_to_service(req.node, ctx, policy))
         return self._finish(first, action, outcome, verifications, spare)
+
+    async def _start_return_to_service(self, node: str, ctx: ActionContext, policy: RecoveryPolicy) -> None:
+        """Hands the fenced node to a workflow that outlives this incident and resumes the node
+        once it is repaired and healthy."""
+        workflow_id = return_to_service_workflow_id(node)
+        try:
+            await workflow.start_child_workflow(
+                ReturnToServiceWorkflow.run,
+                ReturnToServiceRequest(
+                    node=node, poll_seconds=policy.repair_poll_seconds,
+                    give_up_at=workflow.now() + timedelta(seconds=policy.repair_wait_seconds),
+                    ctx=ctx.model_copy(update={"actor": f"{policy.owner} policy",
+                                               "reason": f"return to service after repair (incident {ctx.incident_id})"}),
+                ),
+                id=workflow_id, parent_close_policy=ParentClosePolicy.ABANDON,
+                static_summary=f"Return {node} to service once repaired",
+            )
+            self._return_to_service = workflow_id
+            self._note(f"{workflow_id} resumes {node} once repaired and healthy")
+        except WorkflowAlreadyStartedError:
+            self._note(f"{workflow_id} already watches {node}")
+            self._return_to_service = workflow_id
 
     async def _drain(self, req: RecoveryRequest, ctx: ActionContext) -> NodeFenceResult:
         fence = await self._step("drain", workflow.execute_activity_method(
@@ -473,7 +487,7 @@ class NodeRecoveryWorkflow:
             incident_id=self._incident_id, node=self._node, classification=self._classification,
             action=action, outcome=outcome, failure_at=first.observed_at, phases=self._phases,
             jobs=self._jobs, verifications=verifications, spare=spare, alerts=self._alerts, actions=self._actions,
-            decisions=self._decisions,
+            decisions=self._decisions, return_to_service=self._return_to_service,
         )
 
 

@@ -72,6 +72,7 @@ def build_report(
     alerts: list[NodeFailureAlert],
     actions: list[ActionRecord],
     decisions: list[DecisionRecord] | None = None,
+    return_to_service: str | None = None,
 ) -> IncidentReport:
     by_id = {v.job_id: v for v in verifications}
     job_reports = [job_report(s, by_id.get(s.job.job_id), failure_at) for s in jobs]
@@ -79,6 +80,7 @@ def build_report(
         incident_id=incident_id, node=node, xid=classification.xid, fault_class=classification.fault_class,
         action=action, outcome=outcome, failure_at=failure_at, phases=phases, jobs=job_reports,
         alerts=alerts, actions=[a for a in actions if a.executed], decisions=decisions or [],
+        return_to_service=return_to_service,
         intended_actions=[a for a in actions if not a.executed], dry_run=any(not a.executed for a in actions),
     )
     if spare is not None:

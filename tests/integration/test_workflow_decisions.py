@@ -32,6 +32,7 @@ from contracts.models import (
     NodeRequest,
     OperatorDecision,
     RecoveryPolicy,
+    RepairCheck,
     ReplacementRequest,
     ReplacementResult,
     RequeueRequest,
@@ -45,6 +46,7 @@ from contracts.models import (
 )
 from starter.alerts import raise_alert
 from workflows.node_recovery import NodeRecoveryWorkflow
+from workflows.return_to_service import ReturnToServiceWorkflow
 
 NOW = datetime(2026, 11, 30, tzinfo=timezone.utc)
 JOB = SlurmJob(job_id=42, state="RUNNING", nodes=["gpu-1", "gpu-2"], comment="checkpoint_dir=/ckpt/42")
@@ -100,6 +102,11 @@ class StandIns:
         async def mark_node_down(req: NodeRequest) -> NodeFenceResult:
             return await fence(req, "mark_node_down")
 
+        @activity.defn(name="return_to_service")
+        async def return_to_service(req: NodeRequest) -> RepairCheck:
+            self.calls.append("return_to_service")
+            return RepairCheck(node=req.node, returned=False, final=True, detail="left as found: test")
+
         @activity.defn(name="find_jobs")
         async def find_jobs(node: str) -> list[JobSnapshot]:
             return [JobSnapshot(job=JOB, checkpoint_dir="/ckpt/42", latest_complete=CHECKPOINT, progress=None)]
@@ -141,7 +148,7 @@ class StandIns:
                                    restart_count_before=0, restart_count_after=1,
                                    nodes_before=JOB.nodes, nodes_after=["gpu-1", "gpu-3"])
 
-        return [classify_fault, count_application_incidents, drain_node, mark_node_down, find_jobs, signal_job, wait_for_checkpoint,
+        return [classify_fault, count_application_incidents, return_to_service, drain_node, mark_node_down, find_jobs, signal_job, wait_for_checkpoint,
                 requeue_job, request_replacement, wait_for_spare, verify_restart]
 
 
@@ -150,7 +157,7 @@ async def incident(env, stand_ins: StandIns, xid: int, grace: float = 600.0, *, 
                    gpu: str | None = None, message: str = "", **policy):
     """A started incident on a worker of its own; yields its workflow handle."""
     task_queue = f"decisions-{uuid.uuid4()}"
-    async with Worker(env.client, task_queue=task_queue, workflows=[NodeRecoveryWorkflow],
+    async with Worker(env.client, task_queue=task_queue, workflows=[NodeRecoveryWorkflow, ReturnToServiceWorkflow],
                       activities=stand_ins.activities()):
         alert = NodeFailureAlert(node=node, xid=xid, gpu=gpu, message=message, source="test", actor="pytest")
         # the time-skipping test server cannot register search attributes

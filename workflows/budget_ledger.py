@@ -1,0 +1,296 @@
+"""The fleet disruption budget's decisions as plain code over BudgetState: no Temporal, no I/O and
+no clock (every call is given `now`), so it is deterministic inside FleetBudgetWorkflow and
+testable on its own. Each deciding method returns the timeline events it appended.
+
+Admission, in arrival order: a request is granted when the fleet has fewer than max_nodes leases,
+the running jobs disrupted in the window leave room for its jobs, and each of its partitions has
+fewer leases than its share. The fleet-wide limits are first come, first served: once a request
+waits for the disrupted-jobs budget, no later request with jobs passes it (small requests would
+otherwise starve a large one). A request waiting for its partition does not hold back requests
+of other partitions.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from contracts.budget import (
+    ActorKind,
+    BlockedBy,
+    BudgetPolicy,
+    BudgetState,
+    BudgetStatus,
+    Disruption,
+    HolderRef,
+    IncidentMark,
+    Lease,
+    LeaseRequest,
+    LeaseState,
+    LeaseStatus,
+    Quarantine,
+    QuarantineRelease,
+    QuarantineStatus,
+    TimelineEvent,
+    TimelineKind,
+)
+from contracts.models import OperatorDecision
+
+# Ended leases remembered so that a late duplicate request is answered with how it ended.
+FINISHED_KEPT = 500
+
+
+class BudgetLedger:
+    def __init__(self, state: BudgetState, budget_workflow_id: str):
+        self.state = state
+        self._budget_workflow_id = budget_workflow_id
+
+    @property
+    def policy(self) -> BudgetPolicy:
+        return self.state.policy
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def holders(self) -> list[Lease]:
+        return [lease for lease in self.state.leases if lease.state.granted]
+
+    def waiting(self) -> list[Lease]:
+        return [lease for lease in self.state.leases if lease.state.waiting]
+
+    def lease_state(self, incident_id: str) -> LeaseState | None:
+        lease = self._active(incident_id)
+        if lease is not None:
+            return lease.state
+        return next((s for s in reversed(self.state.finished) if s.incident_id == incident_id), None)
+
+    def holder_refs(self) -> list[HolderRef]:
+        """Every incident with a lease granted or waiting: each should still be running."""
+        return [HolderRef(incident_id=lease.state.incident_id, workflow_id=lease.state.workflow_id,
+                          run_id=lease.state.run_id) for lease in self.state.leases]
+
+    def disrupted_jobs(self, now: datetime) -> int:
+        return sum(d.jobs for d in self._disruptions_in_window(now))
+
+    def quarantined(self, node: str) -> bool:
+        return node in self.state.quarantines
+
+    def quarantine_status(self, node: str, now: datetime) -> QuarantineStatus:
+        active = self.state.quarantines.get(node)
+        return QuarantineStatus(
+            node=node, quarantined=active is not None, since=active.since if active else None,
+            incidents_in_window=self._incidents_in_window(node, now),
+            last_release=self.state.released_quarantines.get(node),
+        )
+
+    def status(self, now: datetime) -> BudgetStatus:
+        return BudgetStatus(
+            policy=self.policy,
+            holders=[lease.state for lease in self.holders()],
+            waiting=[lease.state for lease in self.waiting()],
+            quarantined=[self.quarantine_status(node, now) for node in self.state.quarantines],
+            disrupted_jobs_in_window=self.disrupted_jobs(now),
+            continued_as_new=self.state.continued_as_new,
+        )
+
+    def next_deadline(self, now: datetime) -> datetime | None:
+        """When time alone changes a decision: a lease reaches its maximum duration, or a
+        disruption leaves the window that a waiting request needs room in."""
+        max_held = timedelta(seconds=self.policy.lease_max_seconds)
+        deadlines = [lease.state.granted_at + max_held for lease in self.holders() if lease.state.granted_at]
+        in_window = self._disruptions_in_window(now)
+        if in_window and any(w.state.blocked_by == BlockedBy.DISRUPTED_JOBS for w in self.waiting()):
+            deadlines.append(min(d.at for d in in_window) + timedelta(seconds=self.policy.disruption_window_seconds))
+        return min(deadlines, default=None)
+
+    # --- deciding -----------------------------------------------------------------------------
+
+    def request(self, req: LeaseRequest, now: datetime) -> list[TimelineEvent]:
+        """A new request counts toward its node's lemon history and waits or is granted; a
+        repeated one changes nothing (its incident's run is updated: a reset incident keeps
+        its lease); one whose lease already ended is answered with that end, never granted again."""
+        lease = self._active(req.incident_id)
+        events: list[TimelineEvent] = []
+        if lease is None:
+            if self.lease_state(req.incident_id) is not None:
+                return []
+            events += self._count_incident(req.node, req.incident_id, now)
+            lease = Lease(request=req, state=LeaseState(
+                incident_id=req.incident_id, node=req.node, workflow_id=req.workflow_id, run_id=req.run_id,
+                budget_workflow_id=self._budget_workflow_id, status=LeaseStatus.WAITING, version=0,
+                requested_at=now, running_jobs=req.running_jobs, partitions=[p.name for p in req.partitions],
+                quarantined=self.quarantined(req.node),
+            ))
+            self.state.leases.append(lease)
+            events += self.admit(now)
+            if lease.state.waiting:
+                events.append(self._event(TimelineKind.QUEUED, now, lease, detail=lease.state.reason))
+        elif lease.state.run_id != req.run_id:
+            lease.request.run_id = lease.state.run_id = req.run_id
+        if req.approval is not None and lease.state.waiting:
+            events.append(self._grant(lease, now, approval=req.approval))
+        return events
+
+    def admit(self, now: datetime) -> list[TimelineEvent]:
+        """Grant, in arrival order, every waiting request that the budget allows now."""
+        events = []
+        jobs_held_back = False
+        for lease in self.waiting():
+            blocked = self._blocker(lease.request, now, jobs_held_back)
+            if blocked is None:
+                events.append(self._grant(lease, now))
+                continue
+            lease.state.blocked_by, lease.state.reason = blocked
+            jobs_held_back = jobs_held_back or blocked[0] == BlockedBy.DISRUPTED_JOBS
+        return events
+
+    def release(self, incident_id: str, reason: str, now: datetime) -> list[TimelineEvent]:
+        """The incident returns its lease, or withdraws its waiting request; idempotent."""
+        lease = self._active(incident_id)
+        if lease is None:
+            return []
+        kind = TimelineKind.RELEASED if lease.state.granted else TimelineKind.WITHDRAWN
+        return self._end(lease, LeaseStatus.RELEASED, kind, reason, now) + self.admit(now)
+
+    def drop_closed(self, closed: list[HolderRef], now: datetime) -> list[TimelineEvent]:
+        """Incident runs found closed: their leases are reclaimed, their requests withdrawn."""
+        events = []
+        for ref in closed:
+            lease = self._active(ref.incident_id)
+            if lease is None or lease.state.run_id != ref.run_id:
+                continue
+            if lease.state.granted:
+                events += self._end(lease, LeaseStatus.EXPIRED, TimelineKind.RECLAIMED,
+                                    "its incident's workflow closed without returning it", now)
+            else:
+                events += self._end(lease, LeaseStatus.RELEASED, TimelineKind.WITHDRAWN,
+                                    "its incident's workflow closed while waiting", now)
+        return events + self.admit(now)
+
+    def expire_overdue(self, now: datetime) -> list[TimelineEvent]:
+        max_held = timedelta(seconds=self.policy.lease_max_seconds)
+        events = []
+        for lease in self.holders():
+            if lease.state.granted_at and lease.state.granted_at + max_held <= now:
+                events += self._end(lease, LeaseStatus.EXPIRED, TimelineKind.EXPIRED,
+                                    f"held longer than {self.policy.lease_max_seconds:.0f} s", now)
+        return events + self.admit(now)
+
+    def set_policy(self, policy: BudgetPolicy, now: datetime) -> list[TimelineEvent]:
+        if policy == self.policy:
+            return []
+        self.state.policy = policy
+        changed = self._event(TimelineKind.POLICY_CHANGED, now, actor="configuration", actor_kind="operator",
+                              detail=policy.model_dump_json())
+        return [changed] + self.admit(now)
+
+    def release_quarantine(self, release: QuarantineRelease, now: datetime) -> list[TimelineEvent]:
+        """An operator releases a lemon; its incident count starts again from here."""
+        quarantine = self.state.quarantines.pop(release.node, None)
+        if quarantine is None:
+            raise ValueError(f"node {release.node} is not quarantined")
+        quarantine.released_at, quarantine.released_by, quarantine.release_reason = now, release.actor, release.reason
+        self.state.released_quarantines[release.node] = quarantine
+        self.state.node_incidents.pop(release.node, None)
+        self._flag_quarantine(release.node, False)
+        return [self._event(TimelineKind.QUARANTINE_RELEASED, now, node=release.node, actor=release.actor,
+                            actor_kind="operator", detail=release.reason)]
+
+    def compacted(self, now: datetime) -> BudgetState:
+        """The state to continue as new with, without what has left its windows."""
+        self.state.disruptions = self._disruptions_in_window(now)
+        in_window = {node: self._incidents_in_window(node, now) for node in self.state.node_incidents}
+        self.state.node_incidents = {node: marks for node, marks in in_window.items() if marks}
+        self.state.continued_as_new += 1
+        return self.state
+
+    # --- inside -------------------------------------------------------------------------------
+
+    def _active(self, incident_id: str) -> Lease | None:
+        return next((lease for lease in self.state.leases if lease.state.incident_id == incident_id), None)
+
+    def _blocker(self, req: LeaseRequest, now: datetime, jobs_held_back: bool) -> tuple[BlockedBy, str] | None:
+        policy = self.policy
+        holders = self.holders()
+        if len(holders) >= policy.max_nodes:
+            return BlockedBy.MAX_NODES, f"{len(holders)} of {policy.max_nodes} nodes already under remediation"
+        if req.running_jobs:
+            if jobs_held_back:
+                return BlockedBy.DISRUPTED_JOBS, "behind an earlier request waiting for the disrupted-jobs budget"
+            disrupted = self.disrupted_jobs(now)
+            # An empty window lets any one request pass, or a node with more jobs than J could never be remediated.
+            if disrupted and disrupted + req.running_jobs > policy.max_disrupted_jobs:
+                return BlockedBy.DISRUPTED_JOBS, (
+                    f"{disrupted} running jobs disrupted in the last {policy.disruption_window_seconds:.0f} s; "
+                    f"{req.running_jobs} more would pass {policy.max_disrupted_jobs}")
+        for partition in req.partitions:
+            share = policy.partition_share(partition.name, partition.size)
+            busy = sum(partition.name in lease.state.partitions for lease in holders)
+            if busy >= share:
+                return BlockedBy.PARTITION, (f"partition {partition.name}: {busy} of its {share} node(s) "
+                                             f"under remediation (of {partition.size} nodes)")
+        return None
+
+    def _grant(self, lease: Lease, now: datetime, approval: OperatorDecision | None = None) -> TimelineEvent:
+        state = lease.state
+        if approval is not None:
+            state.over_budget, state.granted_by = True, approval.actor
+            state.reason = f"approved over budget by {approval.actor}: {approval.reason} (was waiting: {state.reason})"
+        else:
+            state.granted_by, state.reason = "policy", "within budget"
+        state.status, state.granted_at, state.blocked_by = LeaseStatus.GRANTED, now, None
+        if lease.request.running_jobs:
+            self.state.disruptions = self._disruptions_in_window(now) + [
+                Disruption(incident_id=state.incident_id, at=now, jobs=lease.request.running_jobs)]
+        return self._event(TimelineKind.GRANTED, now, lease, actor=state.granted_by,
+                           actor_kind="operator" if approval else "policy", detail=state.reason)
+
+    def _end(self, lease: Lease, status: LeaseStatus, kind: TimelineKind, reason: str,
+             now: datetime) -> list[TimelineEvent]:
+        self.state.leases.remove(lease)
+        state = lease.state
+        state.status, state.ended_at, state.reason, state.blocked_by = status, now, reason, None
+        self.state.finished.append(state)
+        del self.state.finished[:-FINISHED_KEPT]
+        return [self._event(kind, now, lease, detail=reason)]
+
+    # Readers never prune the state (queries call them); the deciding methods store what they keep.
+
+    def _disruptions_in_window(self, now: datetime) -> list[Disruption]:
+        window_start = now - timedelta(seconds=self.policy.disruption_window_seconds)
+        return [d for d in self.state.disruptions if d.at > window_start]
+
+    def _incidents_in_window(self, node: str, now: datetime) -> list[IncidentMark]:
+        window_start = now - timedelta(seconds=self.policy.lemon_window_seconds)
+        return [m for m in self.state.node_incidents.get(node, []) if m.at > window_start]
+
+    def _count_incident(self, node: str, incident_id: str, now: datetime) -> list[TimelineEvent]:
+        marks = self._incidents_in_window(node, now)
+        if any(m.incident_id == incident_id for m in marks):
+            return []
+        marks.append(IncidentMark(incident_id=incident_id, at=now))
+        self.state.node_incidents[node] = marks
+        if len(marks) < self.policy.lemon_incidents or self.quarantined(node):
+            return []
+        self.state.quarantines[node] = Quarantine(node=node, since=now, incidents=list(marks))
+        self._flag_quarantine(node, True)
+        return [self._event(TimelineKind.QUARANTINED, now, node=node, incident_id=incident_id, detail=(
+            f"{len(marks)} incidents in {self.policy.lemon_window_seconds:.0f} s: "
+            + ", ".join(m.incident_id for m in marks)))]
+
+    def _flag_quarantine(self, node: str, quarantined: bool) -> None:
+        for lease in self.state.leases:
+            if lease.state.node == node:
+                lease.state.quarantined = quarantined
+
+    def _event(self, kind: TimelineKind, now: datetime, lease: Lease | None = None, *, node: str | None = None,
+               incident_id: str | None = None, actor: str = "policy", actor_kind: ActorKind = "policy",
+               detail: str = "") -> TimelineEvent:
+        self.state.seq += 1
+        if lease is not None:
+            lease.state.version = self.state.seq
+            node, incident_id = lease.state.node, lease.state.incident_id
+        event = TimelineEvent(seq=self.state.seq, at=now, kind=kind, incident_id=incident_id,
+                              node=node, holders=len(self.holders()), actor=actor, actor_kind=actor_kind,
+                              detail=detail)
+        self.state.timeline.append(event)
+        del self.state.timeline[:-self.policy.timeline_limit]
+        return event

@@ -1,0 +1,254 @@
+"""FleetBudgetWorkflow: the fleet's disruption budget and lemon list, one per Temporal namespace
+(workflow id `fleet-budget`; a namespace is one Slurm cluster). Decisions only: the arithmetic is
+in workflows/budget_ledger.py, every side effect an activity. docs/safety.md has the design.
+
+Protocol (the incident's side is workflows/budget_lease.py):
+
+- update `request_lease(LeaseRequest) -> LeaseState`, sent by the activity `request_lease` as
+  update-with-start (the budget starts with the first request). It answers at once: granted, or
+  waiting and why. Keyed by incident id: a repeated request returns the same lease.
+- signal `fleet_budget_lease_state(LeaseState)` to the incident's run, when its lease changes
+  later: granted after waiting, or expired.
+- signal `release_lease(LeaseRelease)` from the incident (an external signal, no activity), at its
+  end; withdraws a waiting request too. Idempotent.
+- update `release_quarantine(QuarantineRelease) -> QuarantineStatus` (an operator; rejected when
+  the node is not quarantined), update `set_policy(BudgetPolicy) -> BudgetStatus` (the worker
+  at start-up), queries `status`, `timeline`, `quarantine(node)`, `lease(incident_id)`.
+
+Leases are reclaimed without their holder: every holder_check_seconds the activity
+`find_closed_holders` describes the runs that hold or wait for a lease, and a closed run loses
+both (a crashed, terminated or timed-out incident); a lease held longer than lease_max_seconds
+expires (a stuck incident), and its incident is told. A grant signalled to a closed run also
+reclaims the lease at once. Both are deterministic: they act on activity results and timers.
+
+The budget continues as new when its history passes policy.history_limit events (or Temporal
+suggests it), carrying its whole state, once nothing is in flight: no signal or notification
+unsent, no audit line unwritten, no handler running. Waiting incidents are not affected: they
+hear of their grant from whichever run makes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from contracts.budget import (
+        BudgetPolicy,
+        BudgetState,
+        BudgetStatus,
+        FleetBudgetInput,
+        HolderRef,
+        LeaseRelease,
+        LeaseRequest,
+        LeaseState,
+        Notification,
+        NotificationKind,
+        QuarantineRelease,
+        QuarantineStatus,
+        TimelineEvent,
+        TimelineKind,
+    )
+    from workflows.budget_ledger import BudgetLedger
+
+from workflows.audit_trail import AuditTrail
+from workflows.notify import notify
+
+FLEET_BUDGET_WORKFLOW_ID = "fleet-budget"
+# The incident workflow's signal handler for its lease's changes (workflows/budget_lease.py).
+LEASE_STATE_SIGNAL = "fleet_budget_lease_state"
+# Called by name: activities/budget.py imports this module for the budget's typed updates.
+FIND_CLOSED_HOLDERS = "find_closed_holders"
+
+HOLDER_CHECK = dict(
+    start_to_close_timeout=timedelta(minutes=2),
+    # A check that fails is skipped; the next one comes holder_check_seconds later.
+    retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3),
+)
+
+AUDIT_ACTIONS = {
+    TimelineKind.QUEUED: "lease_queued",
+    TimelineKind.GRANTED: "lease_granted",
+    TimelineKind.RELEASED: "lease_released",
+    TimelineKind.WITHDRAWN: "lease_withdrawn",
+    TimelineKind.EXPIRED: "lease_expired",
+    TimelineKind.RECLAIMED: "lease_reclaimed",
+    TimelineKind.QUARANTINED: "node_quarantined",
+    TimelineKind.QUARANTINE_RELEASED: "quarantine_released",
+    TimelineKind.POLICY_CHANGED: "budget_policy_changed",
+}
+# Lease changes the incident hears of by signal (the others it caused itself, or cannot hear).
+TOLD_TO_INCIDENT = {TimelineKind.GRANTED, TimelineKind.EXPIRED}
+
+
+@workflow.defn
+class FleetBudgetWorkflow:
+    @workflow.init
+    def __init__(self, inp: FleetBudgetInput) -> None:
+        self._ledger = BudgetLedger(inp.state or BudgetState(policy=inp.policy), workflow.info().workflow_id)
+        self._audit = AuditTrail()
+        self._to_tell: list[str] = []
+        self._to_notify: list[Notification] = []
+        self._next_holder_check: datetime | None = None
+        self._sleeping_until: datetime | None = None
+        self._wake = False
+
+    # --- the incidents' side ------------------------------------------------------------------
+
+    @workflow.update
+    def request_lease(self, req: LeaseRequest) -> LeaseState:
+        self._decided(self._ledger.request(req, workflow.now()), answered=req.incident_id)
+        state = self._ledger.lease_state(req.incident_id)
+        assert state is not None
+        return state
+
+    @workflow.signal
+    def release_lease(self, release: LeaseRelease) -> None:
+        self._decided(self._ledger.release(release.incident_id, release.reason, workflow.now()))
+
+    # --- operators and configuration ----------------------------------------------------------
+
+    @workflow.update
+    def release_quarantine(self, release: QuarantineRelease) -> QuarantineStatus:
+        now = workflow.now()
+        self._decided(self._ledger.release_quarantine(release, now))
+        return self._ledger.quarantine_status(release.node, now)
+
+    @release_quarantine.validator
+    def _only_a_quarantined_node(self, release: QuarantineRelease) -> None:
+        if not self._ledger.quarantined(release.node):
+            raise ValueError(f"node {release.node} is not quarantined")
+
+    @workflow.update
+    def set_policy(self, policy: BudgetPolicy) -> BudgetStatus:
+        now = workflow.now()
+        self._decided(self._ledger.set_policy(policy, now))
+        return self._ledger.status(now)
+
+    @workflow.query
+    def status(self) -> BudgetStatus:
+        return self._ledger.status(workflow.now())
+
+    @workflow.query
+    def timeline(self) -> list[TimelineEvent]:
+        return self._ledger.state.timeline
+
+    @workflow.query
+    def quarantine(self, node: str) -> QuarantineStatus:
+        return self._ledger.quarantine_status(node, workflow.now())
+
+    @workflow.query
+    def lease(self, incident_id: str) -> LeaseState | None:
+        return self._ledger.lease_state(incident_id)
+
+    # --- the loop: timers, holder checks, telling incidents, continuing as new ----------------
+
+    @workflow.run
+    async def run(self, inp: FleetBudgetInput) -> None:
+        workflow.set_current_details(f"Fleet disruption budget: at most {self._ledger.policy.max_nodes} "
+                                     "nodes under remediation at once")
+        while True:
+            await self._sleep_until_needed()
+            self._decided(self._ledger.expire_overdue(workflow.now()))
+            if self._next_holder_check is not None and workflow.now() >= self._next_holder_check:
+                await self._check_holders()
+            await self._tell_incidents()
+            await self._send_notifications()
+            if self._history_is_long():
+                await self._audit.flush()
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                # Handlers may have run during those waits: continue as new only with nothing in flight.
+                if not (self._to_tell or self._to_notify or self._audit.pending):
+                    state = self._ledger.compacted(workflow.now())
+                    workflow.continue_as_new(FleetBudgetInput(policy=state.policy, state=state))
+
+    def _decided(self, events: list[TimelineEvent], answered: str | None = None) -> None:
+        """Audit every decision, queue what incidents and the webhook must hear, and wake the loop
+        when it has something to send, a deadline came closer than the one it sleeps until, or
+        the history is long enough to continue as new."""
+        for event in events:
+            self._audit.decision(
+                AUDIT_ACTIONS[event.kind], incident=event.incident_id, node=event.node, reason=event.detail,
+                result=event.kind.value, actor=event.actor, actor_kind=event.actor_kind,
+                parameters={"holders": event.holders, "seq": event.seq},
+            )
+            if event.kind in TOLD_TO_INCIDENT and event.incident_id != answered:
+                self._to_tell.append(event.incident_id)
+            if event.kind == TimelineKind.QUARANTINED and self._ledger.policy.notifications:
+                self._to_notify.append(_quarantine_notification(event))
+        now = workflow.now()
+        if not self._ledger.state.leases:
+            self._next_holder_check = None
+        elif self._next_holder_check is None:
+            self._next_holder_check = now + timedelta(seconds=self._ledger.policy.holder_check_seconds)
+        deadline = self._deadline(now)
+        came_closer = deadline is not None and (self._sleeping_until is None or deadline < self._sleeping_until)
+        self._wake = self._wake or bool(self._to_tell or self._to_notify) or came_closer or self._history_is_long()
+
+    def _deadline(self, now: datetime) -> datetime | None:
+        return min(filter(None, (self._ledger.next_deadline(now), self._next_holder_check)), default=None)
+
+    async def _sleep_until_needed(self) -> None:
+        now = workflow.now()
+        self._sleeping_until = self._deadline(now)
+        if not self._wake and (self._sleeping_until is None or self._sleeping_until > now):
+            timeout = self._sleeping_until - now if self._sleeping_until else None
+            try:
+                await workflow.wait_condition(lambda: self._wake, timeout=timeout)
+            except TimeoutError:
+                pass
+        self._wake = False
+
+    async def _check_holders(self) -> None:
+        try:
+            closed = await workflow.execute_activity(
+                FIND_CLOSED_HOLDERS, self._ledger.holder_refs(), result_type=list[HolderRef],
+                summary="Which incidents holding or waiting for a lease have closed", **HOLDER_CHECK,
+            )
+        except ActivityError as err:
+            workflow.logger.warning("lease holder check failed, next one in %s s: %s",
+                                    self._ledger.policy.holder_check_seconds, err.cause)
+            closed = []
+        self._next_holder_check = None
+        self._decided(self._ledger.drop_closed(closed, workflow.now()))
+
+    async def _tell_incidents(self) -> None:
+        incidents, self._to_tell = list(dict.fromkeys(self._to_tell)), []
+        await asyncio.gather(*(self._tell(incident) for incident in incidents))
+
+    async def _tell(self, incident_id: str) -> None:
+        state = self._ledger.lease_state(incident_id)
+        assert state is not None
+        try:
+            await workflow.get_external_workflow_handle(state.workflow_id, run_id=state.run_id).signal(
+                LEASE_STATE_SIGNAL, state)
+        except ApplicationError as err:
+            if err.type == "ExternalWorkflowExecutionNotFound":
+                ref = HolderRef(incident_id=incident_id, workflow_id=state.workflow_id, run_id=state.run_id)
+                self._decided(self._ledger.drop_closed([ref], workflow.now()))
+            else:
+                # Never fail the budget over one incident: an incident that does not hear of its
+                # lease keeps waiting, and the lease expires after lease_max_seconds.
+                workflow.logger.error("could not tell %s of its lease: %s", incident_id, err)
+
+    async def _send_notifications(self) -> None:
+        notifications, self._to_notify = self._to_notify, []
+        for notification in notifications:
+            await notify(notification)
+
+    def _history_is_long(self) -> bool:
+        info = workflow.info()
+        return info.is_continue_as_new_suggested() or info.get_current_history_length() > self._ledger.policy.history_limit
+
+
+def _quarantine_notification(event: TimelineEvent) -> Notification:
+    assert event.node is not None and event.incident_id is not None
+    return Notification(
+        kind=NotificationKind.QUARANTINED, incident_id=event.incident_id, node=event.node, at=event.at,
+        summary=(f"{event.node} is quarantined as a lemon ({event.detail}); it is not returned to service "
+                 f"until an operator runs `recovery release-quarantine {event.node}`"),
+    )

@@ -1,0 +1,52 @@
+"""ReturnToServiceWorkflow: after a recovery, the failed node comes back only once it is repaired.
+
+Started by the incident that fenced the node (and outliving it), it looks at the node every
+`poll_seconds` on a durable timer: when the fence is still that incident's, slurmd answers and the
+health check hook passes, it resumes the node; a node fenced by someone else meanwhile is left as
+found. It gives up at `give_up_at`, leaving the node out of service, and says so.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from activities.fencing import FencingActivities
+    from contracts.models import NodeRequest, ReturnToServiceRequest, ReturnToServiceResult
+    from workflows.call_options import SLURM_CALL
+
+# Checks per run before continuing as new, to keep the history short over days of waiting.
+CHECKS_PER_RUN = 500
+
+
+def return_to_service_workflow_id(node: str) -> str:
+    return f"return-to-service-{node}"
+
+
+@workflow.defn
+class ReturnToServiceWorkflow:
+    @workflow.run
+    async def run(self, req: ReturnToServiceRequest) -> ReturnToServiceResult:
+        for _ in range(CHECKS_PER_RUN):
+            check = await workflow.execute_activity_method(
+                FencingActivities.return_to_service, NodeRequest(node=req.node, ctx=req.ctx),
+                summary=f"Is {req.node} repaired? Resume it if healthy and still fenced by incident "
+                        f"{req.ctx.incident_id}", **SLURM_CALL,
+            )
+            req.checks += 1
+            if check.action is not None:
+                req.actions.append(check.action)
+            if check.final:
+                return ReturnToServiceResult(node=req.node, returned=check.returned, outcome=check.detail,
+                                             checks=req.checks, actions=req.actions)
+            if workflow.now() >= req.give_up_at:
+                return ReturnToServiceResult(
+                    node=req.node, returned=False, checks=req.checks, actions=req.actions,
+                    outcome=f"not repaired by {req.give_up_at:%Y-%m-%d %H:%M} UTC ({check.detail}): "
+                            "left out of service",
+                )
+            workflow.set_current_details(f"Waiting for {req.node} to be repaired: {check.detail}")
+            await workflow.sleep(timedelta(seconds=req.poll_seconds))
+        workflow.continue_as_new(req)
