@@ -21,6 +21,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from activities.fencing import FencingActivities
+from activities.kubernetes import KubernetesActivities
 from activities.jobs import JobActivities
 from activities.replacement import ReplacementActivities
 from activities.telemetry import TelemetryActivities
@@ -30,6 +31,8 @@ from backends.health import HealthCheck
 from backends.replacement import HotSparePool
 from backends.slurm import SlurmCli, SlurmClient, SlurmRest, SlurmUnavailable, Unsupported
 from contracts import search_attributes
+from backends.kubernetes import load_api_client
+from contracts.k8s_settings import KubernetesSettings
 from contracts.settings import ConfigError, Settings, load_settings, load_telemetry_settings
 from observability.metrics import DEFAULT as DEFAULT_METRICS, RecoveryMetrics
 from observability.telemetry import Telemetry
@@ -83,7 +86,8 @@ async def build_slurm(settings: Settings, stack: AsyncExitStack) -> SlurmClient:
 
 
 def activities_for(settings: Settings, slurm: SlurmClient, temporal: Client,
-                   metrics: RecoveryMetrics = DEFAULT_METRICS) -> list:
+                   metrics: RecoveryMetrics = DEFAULT_METRICS, kubernetes: KubernetesSettings | None = None) -> list:
+    """Every activity this worker runs; the Kubernetes ones when `kubernetes` configures them."""
     checkpoints = CheckpointStore()
     classify = ClassifyActivities(XidPolicyTable(settings.xid_policy_file), temporal)
     health = HealthCheck(settings.health_check_argv())
@@ -104,7 +108,14 @@ def activities_for(settings: Settings, slurm: SlurmClient, temporal: Client,
         replacement.request_replacement,
         replacement.wait_for_spare,
         TelemetryActivities(metrics).record_incident,
+        *(kubernetes_activities(kubernetes, slurm) if kubernetes is not None else []),
     ]
+
+
+def kubernetes_activities(settings: KubernetesSettings, slurm: SlurmClient) -> list:
+    loaded = load_api_client(settings)  # one ApiClient for this worker, never the global default
+    log.info("Kubernetes API from %s; replacement provider %s", loaded.source, settings.replacement)
+    return KubernetesActivities(loaded.api, settings, slurm).all()
 
 
 def build_worker(client: Client, task_queue: str, activities: list, **options) -> Worker:
@@ -143,7 +154,9 @@ async def main() -> None:
                 sys.exit(f"cannot register the incident search attributes ({e}): create them as the README "
                          "shows, or set RECOVERY_SEARCH_ATTRIBUTES=false")
         slurm = await build_slurm(settings, stack)
-        async with build_worker(client, settings.task_queue, activities_for(settings, slurm, client),
+        kubernetes = KubernetesSettings() if settings.k8s_enabled else None
+        async with build_worker(client, settings.task_queue,
+                                activities_for(settings, slurm, client, kubernetes=kubernetes),
                                 **telemetry.worker_options()):
             log.info("worker polling %s on %s/%s", settings.task_queue, settings.temporal_address,
                      settings.temporal_namespace)

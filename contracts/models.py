@@ -104,6 +104,8 @@ class RecoveryPolicy(Contract):
         3, ge=1, description="application XIDs (13, 31, 43, ...) on one GPU within the window before the node is "
         "drained and escalated; fewer: no node action")
     application_xid_window_seconds: float = Field(24 * 3600.0, gt=0)
+    kubernetes: bool = Field(False, description="Slurm on Kubernetes: fence the Node, evict the slurmd pod "
+                             "after the drain, replace through the configured Kubernetes provider")
     repair_poll_seconds: float = Field(
         300.0, gt=0, description="after a recovery, how often the failed node is checked for repair")
     repair_wait_seconds: float = Field(7 * 24 * 3600.0, gt=0, description="how long to wait for a repair")

@@ -18,7 +18,7 @@ from dotenv import dotenv_values
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, DotEnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
-from contracts.models import RecoveryPolicy, _check_node_name
+from contracts.models import ApprovalGate, RecoveryPolicy, _check_node_name
 
 DEFAULT_XID_POLICY = Path(__file__).with_name("xid_policy.csv")
 CONFIG_FILE_VARIABLE = "RECOVERY_CONFIG_FILE"
@@ -69,6 +69,17 @@ class Settings(BaseSettings):
     spare_wait_seconds: float = 300.0
     verify_deadline_seconds: float = 600.0
     search_attributes: bool = True
+    # Safety (RecoveryPolicy documents each): observe mode, approval gates, application XIDs, repair.
+    dry_run: bool = False
+    approval_required: list[ApprovalGate] = Field(default_factory=list)
+    approval_min_job_nodes: int = 1
+    approval_timeout_seconds: float = 3600.0
+    approval_timeout_action: Literal["deny", "approve"] = "deny"
+    application_xid_threshold: int = 3
+    application_xid_window_seconds: float = 24 * 3600.0
+    repair_poll_seconds: float = 300.0
+    repair_wait_seconds: float = 7 * 24 * 3600.0
+    k8s_enabled: bool = Field(False, description="Slurm on Kubernetes (RECOVERY_K8S_* configure that side)")
     prometheus_address: str = Field(
         "", description="host:port where the worker serves the Temporal SDK's metrics for Prometheus; empty: off")
 
@@ -111,14 +122,12 @@ class Settings(BaseSettings):
         return shlex.split(self.health_check)
 
     def policy(self) -> RecoveryPolicy:
+        """The incident policy: every RecoveryPolicy field of the same name, validated there."""
+        same_name = {name: getattr(self, name) for name in RecoveryPolicy.model_fields
+                     if name in type(self).model_fields and name != "spare_nodes"}
         return RecoveryPolicy(
-            owner=self.owner,
-            degrading_grace_seconds=self.degrading_grace_seconds,
-            checkpoint_poll_seconds=self.checkpoint_poll_seconds,
+            **same_name, kubernetes=self.k8s_enabled,
             spare_nodes=[n.strip() for n in self.spare_nodes.split(",") if n.strip()],
-            spare_wait_seconds=self.spare_wait_seconds,
-            verify_deadline_seconds=self.verify_deadline_seconds,
-            search_attributes=self.search_attributes,
         )
 
 

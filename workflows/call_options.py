@@ -21,3 +21,34 @@ SLURM_CALL = dict(
 )
 # Long polls heartbeat; a worker that dies mid-poll is noticed within this timeout.
 HEARTBEAT = timedelta(seconds=5)
+
+# Kubernetes calls: the same ten minutes of retries. Long ones heartbeat at least every 5 s
+# (watch windows, PDB back-off) or every HTTP provider poll (10 s by default).
+K8S_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    non_retryable_error_types=["NodeNotFound", "SlurmdPodNotFound", "NodeSetNotFound", "JobsStillRunning",
+                               "NodeNotDrained", "EvictionBlocked", "SlurmNotFound"],
+)
+K8S_CALL = dict(
+    start_to_close_timeout=timedelta(seconds=60),
+    schedule_to_close_timeout=timedelta(minutes=10),
+    retry_policy=K8S_RETRY,
+)
+K8S_HEARTBEAT = timedelta(seconds=30)
+# An eviction waits through PodDisruptionBudget refusals and then the pod's termination, each
+# with its own deadline (RECOVERY_K8S_EVICTION_DEADLINE_SECONDS, ..._TERMINATION_DEADLINE_SECONDS).
+K8S_EVICTION = dict(
+    start_to_close_timeout=timedelta(minutes=20),
+    schedule_to_close_timeout=timedelta(minutes=30),
+    heartbeat_timeout=K8S_HEARTBEAT,
+    retry_policy=K8S_RETRY,
+)
+# An HTTP replacement provider may take RECOVERY_K8S_HTTP_TIMEOUT_SECONDS (30 min) to deliver.
+K8S_REPLACEMENT = dict(
+    start_to_close_timeout=timedelta(minutes=40),
+    schedule_to_close_timeout=timedelta(minutes=60),
+    heartbeat_timeout=K8S_HEARTBEAT,
+    retry_policy=K8S_RETRY,
+)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TypeVar
 
 from temporalio import workflow
@@ -45,7 +45,6 @@ with workflow.unsafe.imports_passed_through():
         RecoveryPolicy,
         RecoveryRequest,
         ReplacementRequest,
-        ReplacementResult,
         RequeueRequest,
         RequeueResult,
         ReturnToServiceRequest,
@@ -55,7 +54,25 @@ with workflow.unsafe.imports_passed_through():
         VerifyRequest,
     )
     from contracts import search_attributes as sa
-    from workflows.call_options import HEARTBEAT, SLURM_CALL, SLURM_RETRY
+    from activities.kubernetes import KubernetesActivities
+    from contracts.kubernetes import (
+        EvictRequest,
+        K8sNodeRequest,
+        K8sReplacementRequest,
+        K8sSpareWaitRequest,
+        SlurmdPod,
+        SlurmdPodRequest,
+    )
+    from workflows.call_options import (
+        HEARTBEAT,
+        K8S_CALL,
+        K8S_EVICTION,
+        K8S_HEARTBEAT,
+        K8S_REPLACEMENT,
+        K8S_RETRY,
+        SLURM_CALL,
+        SLURM_RETRY,
+    )
     from workflows.report import build_report
     from workflows.return_to_service import ReturnToServiceWorkflow, return_to_service_workflow_id
 
@@ -272,6 +289,7 @@ class NodeRecoveryWorkflow:
         if cls.fault_class == FaultClass.UNKNOWN:
             return await self._fence_and_escalate(req, ctx, first, action, "escalated: unknown XID")
         fence = await self._drain(req, ctx)
+        pod, fenced_at = (await self._fence_on_kubernetes(req.node, ctx)) if policy.kubernetes else (None, None)
 
         jobs = self._jobs = await self._step("find_jobs", workflow.execute_activity_method(
             JobActivities.find_jobs, req.node, summary=f"Find the jobs running on {req.node}", **SLURM_CALL,
@@ -305,42 +323,112 @@ class NodeRecoveryWorkflow:
             self._actions.append(down.action)
             self._note(down.action.detail)
 
+        if pod is not None:
+            await self._step("evict_slurmd_pod", self._evict(pod, ctx))
+
         if await self._approval("replacement", policy, f"bring in replacement capacity for {req.node}") == "deny":
             denied = self._decisions[-1]
-            replacement = ReplacementResult(node=None, provider="none",
-                                            detail=f"denied by {denied.actor}: {denied.reason}")
-            self._skip("request_replacement", replacement.detail)
+            no_replacement, spare = f"denied by {denied.actor}: {denied.reason}", None
+            self._skip("request_replacement", no_replacement)
+        elif pod is not None:
+            no_replacement, spare = await self._replace_on_kubernetes(pod, fenced_at, ctx, policy)
         else:
-            replacement = await self._step("request_replacement", workflow.execute_activity_method(
-                ReplacementActivities.request_replacement,
-                ReplacementRequest(failed_node=req.node, spare_nodes=policy.spare_nodes, ctx=ctx),
-                summary=f"Request replacement capacity for {req.node}", **SLURM_CALL,
-            ))
-            self._actions.extend(replacement.actions)
-            self._note(f"{replacement.provider}: {replacement.node or 'none'} ({replacement.detail})")
-        spare = None
+            no_replacement, spare = await self._replace_with_hot_spare(req.node, ctx, policy)
         if policy.dry_run:
-            self._skip("wait_for_spare", "dry-run: no spare was brought in")
             self._skip("verify", "dry-run: no job was requeued")
             intended = sum(not a.executed for a in self._actions)
             return self._finish(first, action, f"dry_run: {intended} action(s) intended, none executed", [], None)
-        if replacement.node is not None:
-            spare = await self._step("wait_for_spare", workflow.execute_activity_method(
-                ReplacementActivities.wait_for_spare,
-                SpareWaitRequest(node=replacement.node, deadline_seconds=policy.spare_wait_seconds),
-                summary=f"Wait for {replacement.node} to be healthy and in service",
-                start_to_close_timeout=timedelta(seconds=policy.spare_wait_seconds + 60),
-                heartbeat_timeout=HEARTBEAT, retry_policy=SLURM_RETRY,
-            ))
-            self._note(spare.detail)
 
         verifications = await self._step("verify", self._verify(jobs, requeued, req.node,
                                                                  policy.verify_deadline_seconds))
         self._note("; ".join(f"job {v.job_id}: {'ok' if v.verified else ', '.join(v.why_not)}" for v in verifications))
-        outcome = _outcome(replacement.detail if replacement.node is None else None, spare, verifications)
+        outcome = _outcome(no_replacement, spare, verifications)
         if not fence.owned_by_other:
             await self._step("return_to_service", self._start_return_to_service(req.node, ctx, policy))
         return self._finish(first, action, outcome, verifications, spare)
+
+    async def _replace_with_hot_spare(self, node: str, ctx: ActionContext,
+                                      policy: RecoveryPolicy) -> tuple[str | None, SpareResult | None]:
+        """Bare Slurm: claim and resume a hot spare, then wait until it is healthy. Returns why
+        there is no replacement (or None), and the spare."""
+        replacement = await self._step("request_replacement", workflow.execute_activity_method(
+            ReplacementActivities.request_replacement,
+            ReplacementRequest(failed_node=node, spare_nodes=policy.spare_nodes, ctx=ctx),
+            summary=f"Request replacement capacity for {node}", **SLURM_CALL,
+        ))
+        self._actions.extend(replacement.actions)
+        self._note(f"{replacement.provider}: {replacement.node or 'none'} ({replacement.detail})")
+        if replacement.node is None:
+            return replacement.detail, None
+        if policy.dry_run:
+            self._skip("wait_for_spare", "dry-run: no spare was brought in")
+            return None, None
+        spare = await self._step("wait_for_spare", workflow.execute_activity_method(
+            ReplacementActivities.wait_for_spare,
+            SpareWaitRequest(node=replacement.node, deadline_seconds=policy.spare_wait_seconds),
+            summary=f"Wait for {replacement.node} to be healthy and in service",
+            start_to_close_timeout=timedelta(seconds=policy.spare_wait_seconds + 60),
+            heartbeat_timeout=HEARTBEAT, retry_policy=SLURM_RETRY,
+        ))
+        self._note(spare.detail)
+        return None, spare
+
+    async def _fence_on_kubernetes(self, node: str, ctx: ActionContext) -> tuple[SlurmdPod, datetime]:
+        """Slurm on Kubernetes: find the slurmd pod that is this Slurm node, then cordon, taint and
+        mark the Node under it. Returns the pod and when the fence began (replacements are newer)."""
+        pod = await self._step("locate_slurmd_pod", workflow.execute_activity_method(
+            KubernetesActivities.locate_slurmd_pod, SlurmdPodRequest(slurm_node=node),
+            summary=f"Find the slurmd pod of {node} and its Kubernetes Node", **K8S_CALL,
+        ))
+        self._note(f"{pod.namespace}/{pod.name} on Node {pod.node or '(unscheduled)'}")
+        if pod.node is None:
+            self._skip("fence_k8s_node", "the slurmd pod is not on any Node")
+            return pod, workflow.now()
+        fence = await self._step("fence_k8s_node", workflow.execute_activity_method(
+            KubernetesActivities.fence_k8s_node, K8sNodeRequest(node=pod.node, ctx=ctx),
+            summary=f"Cordon and taint Node {pod.node}, set its condition", **K8S_CALL,
+        ))
+        self._actions.extend(fence.actions)
+        self._note("; ".join(a.detail for a in fence.actions) or "already fenced by this incident")
+        return pod, fence.prior.fenced_at if fence.prior else workflow.now()
+
+    async def _evict(self, pod: SlurmdPod, ctx: ActionContext) -> None:
+        """Only now that Slurm shows the node drained and its jobs requeued (the activity reads
+        Slurm again before evicting and refuses otherwise; unreadable Slurm fails closed)."""
+        evicted = await workflow.execute_activity_method(
+            KubernetesActivities.evict_slurmd_pod, EvictRequest(pod=pod, ctx=ctx),
+            summary=f"Evict slurmd pod {pod.namespace}/{pod.name} from Node {pod.node}", **K8S_EVICTION,
+        )
+        self._actions.extend(evicted.actions)
+        self._note(evicted.detail)
+
+    async def _replace_on_kubernetes(self, pod: SlurmdPod, since: datetime, ctx: ActionContext,
+                                     policy: RecoveryPolicy) -> tuple[str | None, SpareResult | None]:
+        """Ask the configured provider (NodeSet, node lifecycle or HTTP) for capacity, then wait
+        for a new slurmd pod on a healthy Node, registered and idle in Slurm."""
+        replacement = await self._step("request_replacement", workflow.execute_activity_method(
+            KubernetesActivities.request_k8s_replacement,
+            K8sReplacementRequest(failed_node=pod.node or "", slurm_node=pod.slurm_node, ctx=ctx),
+            summary=f"Request replacement capacity for Node {pod.node}", **K8S_REPLACEMENT,
+        ))
+        self._actions.extend(replacement.actions)
+        self._note(f"{replacement.provider}: {replacement.detail}")
+        if not replacement.accepted:
+            return replacement.detail, None
+        if policy.dry_run:
+            self._skip("wait_for_spare", "dry-run: no replacement was requested")
+            return None, None
+        found = await self._step("wait_for_spare", workflow.execute_activity_method(
+            KubernetesActivities.wait_for_k8s_node,
+            K8sSpareWaitRequest(failed_node=pod.node or "", since=since, node=replacement.node,
+                                deadline_seconds=policy.spare_wait_seconds),
+            summary="Wait for a new slurmd pod on a healthy Node, idle in Slurm",
+            start_to_close_timeout=timedelta(seconds=policy.spare_wait_seconds + 60),
+            heartbeat_timeout=K8S_HEARTBEAT, retry_policy=K8S_RETRY,
+        ))
+        self._note(f"{found.slurm_node or '-'} on Node {found.node or '-'}: {found.detail}")
+        return None, SpareResult(node=found.slurm_node or pod.slurm_node, healthy=found.healthy,
+                                 in_service_at=found.in_service_at, detail=f"Node {found.node}: {found.detail}")
 
     async def _start_return_to_service(self, node: str, ctx: ActionContext, policy: RecoveryPolicy) -> None:
         """Hands the fenced node to a workflow that outlives this incident and resumes the node

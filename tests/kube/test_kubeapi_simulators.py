@@ -1,0 +1,106 @@
+"""The Kubelet and Provisioner simulators, each seen from the controller's side: over the API,
+through list and watch, with deadlines. They run against the test server only (a real cluster
+has its own kubelets and provisioners)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kubernetes import client, watch
+
+from tests.kubeapi.fixtures import eventually
+from kubesim.simulators import Kubelet, Provisioner
+
+NODESET = ("slinky.slurm.net", "v1alpha1")
+
+
+@pytest.fixture
+def core(kube_server, kube_client) -> client.CoreV1Api:
+    return client.CoreV1Api(kube_client)
+
+
+def gone(core: client.CoreV1Api, name: str, namespace: str) -> bool:
+    return not core.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}").items
+
+
+def ready_gpus(node: client.V1Node) -> str | None:
+    """The node's allocatable GPUs once it is Ready, else None."""
+    ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+    return (node.status.allocatable or {}).get("nvidia.com/gpu") if ready else None
+
+
+def test_kubelet_finishes_an_evicted_pod_after_its_grace_period(core, kube_client, kube_seed, kube_namespace):
+    kube_seed.node("gpu-0")
+    kube_seed.pod("train", kube_namespace, node="gpu-0", grace=2)
+    kube_seed.pod("other-node", kube_namespace, node="gpu-1", grace=2)
+    with Kubelet(kube_client, node="gpu-0") as kubelet:
+        evicted_at = time.monotonic()
+        for name in ("train", "other-node"):
+            core.create_namespaced_pod_eviction(name, kube_namespace, client.V1Eviction(
+                metadata=client.V1ObjectMeta(name=name, namespace=kube_namespace)))
+        # deletionTimestamp has whole seconds: a 2 s grace period leaves the pod more than 1 s.
+        assert core.read_namespaced_pod("train", kube_namespace).metadata.deletion_timestamp is not None
+        eventually(lambda: gone(core, "train", kube_namespace))
+        assert time.monotonic() - evicted_at > 1
+    assert kubelet.finished == [f"{kube_namespace}/train"]
+    assert core.read_namespaced_pod("other-node", kube_namespace).metadata.deletion_timestamp is not None
+
+
+def test_kubelet_can_finish_sooner_than_the_grace_period(core, kube_client, kube_seed, kube_namespace):
+    kube_seed.node("gpu-0")
+    kube_seed.pod("train", kube_namespace, node="gpu-0", grace=300)
+    with Kubelet(kube_client, finish_after=0.1):
+        core.delete_namespaced_pod("train", kube_namespace)
+        eventually(lambda: gone(core, "train", kube_namespace))
+
+
+def test_provisioner_answers_a_nodeset_scale_up_with_a_ready_gpu_node(core, kube_client, kube_namespace):
+    custom = client.CustomObjectsApi(kube_client)
+    custom.create_namespaced_custom_object(*NODESET, kube_namespace, "nodesets", {
+        "apiVersion": "slinky.slurm.net/v1alpha1", "kind": "NodeSet", "metadata": {"name": "gpu"},
+        "spec": {"replicas": 1}})
+    listed = core.list_node()
+    with Provisioner(kube_client, name_pattern="gpu-new-{n}", ready_after=0.2, gpus=8) as provisioner:
+        custom.patch_namespaced_custom_object_scale(*NODESET, kube_namespace, "nodesets", "gpu", {"spec": {"replicas": 2}})
+        seen = []
+        for event in watch.Watch().stream(core.list_node, resource_version=listed.metadata.resource_version,
+                                          timeout_seconds=5):
+            node = event["object"]
+            seen.append((event["type"], node.metadata.name, ready_gpus(node)))
+            if ready_gpus(node):
+                break
+        assert seen == [("ADDED", "gpu-new-0", None), ("MODIFIED", "gpu-new-0", "8")]
+        eventually(lambda: custom.get_namespaced_custom_object(*NODESET, kube_namespace, "nodesets", "gpu").get(
+            "status", {}).get("replicas") == 1)
+    assert provisioner.created == ["gpu-new-0"]
+
+
+def test_provisioner_replaces_a_deleted_node(core, kube_client, kube_seed):
+    kube_seed.node("gpu-new-0")
+    kube_seed.node("gpu-3")
+    with Provisioner(kube_client, ready_after=0.1) as provisioner:
+        core.delete_node("gpu-3")
+        eventually(lambda: provisioner.created and ready_gpus(core.read_node(provisioner.created[0])))
+    assert provisioner.created == ["gpu-new-1"]  # the lowest free name
+
+
+def test_provisioner_replaces_a_node_labelled_for_replacement(core, kube_client, kube_seed):
+    kube_seed.node("gpu-3")
+    with Provisioner(kube_client, replace_label="recovery/replace", ready_after=0.1, gpus=4,
+                     labels={"pool": "spare"}) as provisioner:
+        core.patch_node("gpu-3", {"metadata": {"labels": {"recovery/replace": "xid-79"}}})
+        eventually(lambda: provisioner.created and ready_gpus(core.read_node(provisioner.created[0])) == "4")
+        core.patch_node("gpu-3", {"metadata": {"labels": {"touched": "again"}}})
+        ticks = provisioner.ticks  # a node is replaced once, however often it changes afterwards
+        eventually(lambda: provisioner.ticks >= ticks + 3)
+    assert provisioner.created == ["gpu-new-0"]
+    assert core.read_node("gpu-new-0").metadata.labels == {"pool": "spare"}
+
+
+def test_a_failing_simulator_reports_its_error_on_stop(kube_server, kube_client):
+    provisioner = Provisioner(kube_client).start()
+    kube_server.fail_next.extend([(500, "InternalError")] * 5)
+    eventually(lambda: provisioner.error is not None)
+    with pytest.raises(RuntimeError, match="Provisioner simulator failed"):
+        provisioner.stop()

@@ -1,0 +1,185 @@
+"""pytest fixtures for tests that talk to Kubernetes (imported by tests/conftest.py).
+
+    kube_api        a started KubeApiServer (HTTPS, bearer token, the NodeSet CRD
+                    slinky.slurm.net/v1alpha1 "nodesets" registered with /status and /scale),
+                    stopped after the test. When RECOVERY_TEST_KUBECONFIG names a kubeconfig, a
+                    RealCluster handle on that cluster instead (its .kubeconfig(path) returns that file).
+    kube_server     the same KubeApiServer, for tests that need its hooks (compact(),
+                    finish_terminating_pods(), fail_next, requests); skipped on a real cluster.
+    kube_client     a kubernetes.client.ApiClient built from kube_api's kubeconfig with
+                    kubernetes.config.new_client_from_config (never the global default), closed after.
+    kube_namespace  the name of a fresh namespace for the test (deleted after it on a real cluster).
+    kube_seed       a KubeSeed: creates Nodes, Pods and PodDisruptionBudgets through the client in
+                    the states tests usually need (a real apiserver resets a new Pod's status, so
+                    a Running pod takes a create and a /status write); on a real cluster it also
+                    deletes the Nodes it made.
+
+Helpers: expect_api_error(status, call, *args, **kwargs) -> the Status body of the error;
+eventually(probe, timeout=5) -> probe()'s first truthy result (polls, fails at the deadline);
+raw_request(api_client, method, path, body=None, content_type=...) -> (status, body bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from kubesim.server import KubeApiServer
+
+REAL_CLUSTER_ENV = "RECOVERY_TEST_KUBECONFIG"
+
+
+class RealCluster:
+    """kube_api on a real cluster: the same kubeconfig() as the test server, and nothing else.
+    The NodeSet CRD must be installed there (slinky's slurm-operator chart does)."""
+
+    def __init__(self, kubeconfig_path: str):
+        self.kubeconfig_path = kubeconfig_path
+
+    def kubeconfig(self, path=None) -> str:
+        return self.kubeconfig_path
+
+    def register_crd(self, *args, **kwargs) -> None:
+        pass  # a real cluster serves the CRDs installed in it
+
+
+@pytest.fixture
+def kube_api():
+    real = os.environ.get(REAL_CLUSTER_ENV)
+    if real:
+        yield RealCluster(real)
+        return
+    server = KubeApiServer().start()
+    server.register_crd("slinky.slurm.net", "v1alpha1", "nodesets", "NodeSet")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def kube_server(kube_api) -> KubeApiServer:
+    if not isinstance(kube_api, KubeApiServer):
+        pytest.skip(f"needs the in-repo test server's hooks; {REAL_CLUSTER_ENV} names a real cluster")
+    return kube_api
+
+
+@pytest.fixture
+def kube_client(kube_api, tmp_path):
+    api_client = config.new_client_from_config(config_file=kube_api.kubeconfig(tmp_path / "kubeconfig"))
+    yield api_client
+    api_client.close()
+
+
+@pytest.fixture
+def kube_namespace(kube_api, kube_client):
+    core = client.CoreV1Api(kube_client)
+    name = f"kt-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name}})
+    if not isinstance(kube_api, KubeApiServer):
+        # A real cluster admits pods only once its controller has made the default ServiceAccount.
+        eventually(lambda: core.list_namespaced_service_account(name, field_selector="metadata.name=default").items,
+                   timeout=30)
+    yield name
+    if isinstance(kube_api, KubeApiServer):  # the test server goes away whole
+        return
+    try:
+        core.delete_namespace(name)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
+class KubeSeed:
+    def __init__(self, api_client: client.ApiClient):
+        self.core = client.CoreV1Api(api_client)
+        self.policy = client.PolicyV1Api(api_client)
+        self.nodes: list[str] = []
+
+    def node(self, name: str, *, ready: bool = True, gpus: int = 8, labels: dict | None = None,
+             unschedulable: bool = False, taints: list[dict] | None = None) -> client.V1Node:
+        spec = {"unschedulable": True} if unschedulable else {}
+        if taints:
+            spec["taints"] = taints
+        self.core.create_node({"metadata": {"name": name, "labels": labels or {}}, "spec": spec})
+        self.nodes.append(name)
+        resources = {"nvidia.com/gpu": str(gpus), "cpu": "64", "memory": "512Gi", "pods": "110"}
+        return self.core.patch_node_status(name, {"status": {"capacity": resources, "allocatable": resources,
+                                                             "conditions": [{"type": "Ready", "status": str(ready)}]}})
+
+    def pod(self, name: str, namespace: str, *, node: str | None = None, labels: dict | None = None,
+            phase: str = "Running", grace: int | None = None) -> client.V1Pod:
+        spec = {"containers": [{"name": "main", "image": "busybox"}]}
+        if node:
+            spec["nodeName"] = node
+        if grace is not None:
+            spec["terminationGracePeriodSeconds"] = grace
+        self.core.create_namespaced_pod(namespace, {"metadata": {"name": name, "labels": labels or {}}, "spec": spec})
+        ready = "True" if phase == "Running" else "False"
+        return self.core.patch_namespaced_pod_status(name, namespace, {"status": {
+            "phase": phase, "conditions": [{"type": "Ready", "status": ready}]}})
+
+    def pdb(self, name: str, namespace: str, match_labels: dict, *, min_available: int | str | None = None,
+            max_unavailable: int | str | None = None) -> client.V1PodDisruptionBudget:
+        spec = {"selector": {"matchLabels": match_labels}}
+        if min_available is not None:
+            spec["minAvailable"] = min_available
+        if max_unavailable is not None:
+            spec["maxUnavailable"] = max_unavailable
+        return self.policy.create_namespaced_pod_disruption_budget(namespace, {"metadata": {"name": name}, "spec": spec})
+
+    def cleanup(self) -> None:
+        for name in self.nodes:
+            try:
+                self.core.delete_node(name)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+
+
+@pytest.fixture
+def kube_seed(kube_api, kube_client):
+    seed = KubeSeed(kube_client)
+    yield seed
+    if not isinstance(kube_api, KubeApiServer):  # the test server goes away whole
+        seed.cleanup()
+
+
+def expect_api_error(status: int, call, *args, **kwargs) -> dict:
+    """Calls the client method and returns the Status body of the ApiException it must raise."""
+    with pytest.raises(ApiException) as raised:
+        call(*args, **kwargs)
+    assert raised.value.status == status, raised.value.body
+    return json.loads(raised.value.body)
+
+
+def eventually(probe, *, timeout: float = 5.0, interval: float = 0.02):
+    """Polls `probe()` until it returns something truthy, which it returns; fails at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"not true within {timeout} s: {probe}")
+        time.sleep(interval)
+
+
+def raw_request(api_client: client.ApiClient, method: str, path: str, *, body: object = None,
+                content_type: str = "application/json") -> tuple[int, bytes]:
+    """A request the client's API methods cannot make (its REST layer turns a non-list JSON patch
+    into a strategic merge patch), sent through its own connection pool, TLS and bearer token."""
+    configuration = api_client.configuration
+    headers = {"Content-Type": content_type, "Accept": "application/json"}
+    if auth := configuration.auth_settings().get("BearerToken"):
+        headers["Authorization"] = auth["value"]
+    response = api_client.rest_client.pool_manager.request(
+        method, configuration.host + path, body=None if body is None else json.dumps(body), headers=headers,
+        timeout=10)
+    return response.status, response.data
