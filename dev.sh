@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
 DEB_PACKAGES=(slurmctld slurmd slurm-client slurmrestd munge slurm-wlm-jwt-plugin curl iproute2 python3-venv
-             prometheus prometheus-alertmanager)
+             prometheus prometheus-alertmanager chromium)
 
 say() { echo "dev.sh: $*" >&2; }
 

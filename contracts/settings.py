@@ -15,7 +15,7 @@ from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from dotenv import dotenv_values
-from pydantic import AliasChoices, BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, Field, JsonValue, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, DotEnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from contracts.models import ApprovalGate, RecoveryPolicy, _check_node_name
@@ -210,7 +210,7 @@ def variable_names(model: type[BaseSettings], field_name: str) -> list[str]:
 
 class ConfigEntry(BaseModel):
     variable: str
-    value: str | int | float | bool | None
+    value: JsonValue
     source: str = Field(description="environment, the file's path, or default")
 
 
@@ -231,7 +231,7 @@ def describe_config(settings: Settings, telemetry: TelemetrySettings) -> list[Co
     return entries
 
 
-def _shown(value: object) -> str | int | float | bool | None:
+def _shown(value: object) -> JsonValue:
     if isinstance(value, SecretStr):
         return MASK
     if isinstance(value, str) and "://" in value:

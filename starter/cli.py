@@ -1,9 +1,16 @@
 """`recovery`: the operator's command line.
 
-  recovery drill [--xid 79] [--node NODE] [--corrupt-latest-checkpoint] [--json]
+  recovery drill [--xid 79] [--node NODE] [--corrupt-latest-checkpoint] [--dry-run] [--k8s] [--json]
+                 [--slurm-version V]
   recovery inject --node NODE --xid N [--actor WHO] [--reason WHY]
   recovery status [NODE] [--json]
-  recovery stack up|down|status
+  recovery list [--node N] [--xid N] [--phase P] [--outcome O] [--running] [--json]
+  recovery describe INCIDENT [--json]          INCIDENT: a node name or an incident id
+  recovery report INCIDENT [--output FILE] [--json]
+  recovery approve|deny|abort INCIDENT --reason WHY [--actor WHO] [--json]
+  recovery config [--json]
+  recovery stack up|down|status [--slurm-version V]
+  recovery hooks [--host H] [--port P]
 
 Exit codes: 0 done (for drill: recovered and verified), 1 the drill or incident did not verify,
 2 bad input (nothing was changed), 3 the stack or a service could not be reached.
@@ -11,82 +18,180 @@ Exit codes: 0 done (for drill: recovered and verified), 1 the drill or incident 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import getpass
 import json
 import os
+import re
 import sys
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import Enum
+from pathlib import Path
+from typing import Any, NoReturn
+from urllib.parse import quote
 
+import typer
 from pydantic import ValidationError
-from temporalio.client import Client, WorkflowExecutionStatus
+from rich.console import Console
+from rich.table import Table
+from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.service import RPCError, RPCStatusCode
 
-from contracts.models import IncidentReport, NodeFailureAlert
-from contracts.settings import Settings
+from contracts import search_attributes as sa
+from contracts.models import IncidentReport, IncidentStatus, NodeFailureAlert, OperatorDecision, Phase, _check_node_name
+from contracts.settings import ConfigError, describe_config, load_settings, load_telemetry_settings
+from starter.report_html import write_report_html
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 3
+# Outcomes after which nothing is left for a person to do.
+SETTLED_OUTCOMES = ("recovered", "no_node_action")
+# An incident id: the node, then when its incident started.
+_INCIDENT_ID = re.compile(r"^(?P<node>.+)-\d{8}T\d{6}Z$")
+# A value for a visibility query: no quotes, nothing the query language would read as syntax.
+_QUERY_VALUE = re.compile(r"^[A-Za-z0-9_ .:-]{1,100}$")
+
+app = typer.Typer(name="recovery", help="GPU node failure recovery on Slurm, driven by Temporal",
+                  add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
+# Piped output keeps whole table rows: scripts read --json, people may read a pipe.
+stdout = Console(width=None if sys.stdout.isatty() else 200)
+stderr = Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+class BadInput(Exception):
+    """The operator asked for something that cannot be done; nothing was changed."""
+
+
+class SlurmVersion(str, Enum):
+    v22_05 = "22.05"
+    v24_11 = "24.11"
+
+
+class StackAction(str, Enum):
+    up = "up"
+    down = "down"
+    status = "status"
 
 
 def _err(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    stderr.print(text, markup=False)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+def _run(work: Coroutine[Any, Any, int]) -> NoReturn:
+    raise typer.Exit(asyncio.run(work))
 
 
 async def _client(address: str, namespace: str) -> Client:
     from worker import connect
 
-    settings = Settings(TEMPORAL_ADDRESS=address, TEMPORAL_NAMESPACE=namespace)
+    settings = load_settings(TEMPORAL_ADDRESS=address, TEMPORAL_NAMESPACE=namespace)
     return await connect(settings, attempts=10)
+
+
+async def _configured_client() -> Client:
+    settings = load_settings()
+    return await _client(settings.temporal_address, settings.temporal_namespace)
+
+
+JSON_OPTION = typer.Option(False, "--json", help="print the result as JSON")
 
 
 # --- drill -------------------------------------------------------------------------------------
 
 
-async def cmd_drill(args: argparse.Namespace) -> int:
+@app.command(help="run a recovery drill on the embedded local stack")
+def drill(
+    xid: int = typer.Option(79, help="the XID to inject (a degrading one such as 94 exercises the grace period)"),
+    node: str | None = typer.Option(None, help="node to fail (default: one of the reference job's nodes)"),
+    corrupt_latest_checkpoint: bool = typer.Option(
+        False, "--corrupt-latest-checkpoint", help="make the newest checkpoint incomplete before the failure"),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="observe mode: the report lists the intended actions; nothing is changed"),
+    k8s: bool = typer.Option(
+        False, "--k8s", help="Slurm on Kubernetes: the same cluster behind a simulated Slinky control plane "
+        "(kubesim): the incident also fences the Node, evicts the slurmd pod and replaces it"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as one JSON object"),
+    slurm_version: SlurmVersion | None = typer.Option(
+        None, help="the Slurm generation to drill on (default: the host's; the other runs from a Debian root)"),
+) -> None:
+    from starter.drill import DrillOptions
+
+    opts = DrillOptions(xid=xid, node=node, corrupt_latest_checkpoint=corrupt_latest_checkpoint, dry_run=dry_run,
+                        k8s=k8s)
+    _run(_drill(opts, as_json, slurm_version.value if slurm_version else None))
+
+
+async def _drill(opts: DrillOptions, as_json: bool, slurm_version: str | None) -> int:
     from activities.xid_policy import XidPolicyTable
-    from starter.drill import Drill, DrillOptions
+    from starter.drill import Drill
     from starter.localstack import LocalStack
 
-    opts = DrillOptions(xid=args.xid, node=args.node, corrupt_latest_checkpoint=args.corrupt_latest_checkpoint)
-    settings = Settings()
-    stack = LocalStack(task_queue=settings.task_queue, slurm_version=args.slurm_version)
+    settings = load_settings()
+    stack = LocalStack(task_queue=settings.task_queue, slurm_version=slurm_version)
     if stack.slurm_root is not None:  # the other generation's cluster has a worker of its own
         stack.task_queue = f"{settings.task_queue}-{stack.slurm_generation}"
-    _err("starting what is missing of the local stack (Temporal dev server, Slurm cluster, worker)...")
-    cluster = await asyncio.to_thread(stack.up)
-    client = await _client(stack.temporal_address, "default")
-    policy = settings.model_copy(update={"spare_nodes": cluster.get("SLURM_SPARE_NODES", "")}).policy()
-    drill = Drill(client, stack, cluster, policy, XidPolicyTable(settings.xid_policy_file), say=_err)
-    result = await drill.run(opts)
-    if args.json:
-        print(json.dumps(result.as_json(), indent=2))
+    with LiveProgress(stderr) as progress:
+        progress.say("starting what is missing of the local stack (Temporal dev server, Slurm cluster, worker)...")
+        cluster = await asyncio.to_thread(stack.up)
+        client = await _client(stack.temporal_address, "default")
+        policy = settings.model_copy(update={"spare_nodes": cluster.get("SLURM_SPARE_NODES", "")}).policy()
+        drill = Drill(client, stack, cluster, policy, XidPolicyTable(settings.xid_policy_file), say=progress.say)
+        result = await drill.run(opts)
+    html = write_report_html(result.report, stack.state_dir / "reports" / f"{result.report.incident_id}.html")
+    if as_json:
+        _print_json({**result.as_json(), "report_html": str(html)})
     else:
         print(render_report(result.report))
         for check in result.checks:
             print(f"  [{'ok' if check.passed else 'FAILED'}] {check.name}: {check.detail}")
-        print(f"Web UI: http://127.0.0.1:{stack.ui_port}/namespaces/default/workflows")
+        print(f"HTML report: {html}")
+        node_query = quote(f'RecoveryNode="{result.report.node}"')
+        print(f"Web UI: http://127.0.0.1:{stack.ui_port}/namespaces/default/workflows?query={node_query}")
     return EXIT_OK if result.passed else EXIT_FAILED
 
 
-def render_report(r: IncidentReport) -> str:
-    def num(v, unit=""):
-        return "-" if v is None else f"{v:.1f}{unit}" if isinstance(v, float) else f"{v}{unit}"
+class LiveProgress:
+    """A drill's progress on stderr: each step as a line and, on a terminal, a spinner on the
+    step in progress."""
 
+    def __init__(self, console: Console):
+        self.console = console
+        self._spinner = console.status("starting") if console.is_terminal else None
+
+    def __enter__(self) -> LiveProgress:
+        if self._spinner is not None:
+            self._spinner.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        if self._spinner is not None:
+            self._spinner.stop()
+
+    def say(self, text: str) -> None:
+        self.console.print(text, markup=False)
+        if self._spinner is not None:
+            self._spinner.update(text)
+
+
+# --- rendering an incident ---------------------------------------------------------------------
+
+
+def render_report(r: IncidentReport) -> str:
     lines = [
         f"incident {r.incident_id}: node {r.node}, XID {r.xid} ({r.fault_class.value}), action {r.action}",
         f"outcome: {r.outcome}",
         "",
-        f"  {'phase':<20} {'start':>9} {'duration':>9}  result",
-    ]
-    for p in r.phases:
-        start = (p.started_at - r.failure_at).total_seconds()
-        dur = (p.ended_at - p.started_at).total_seconds() if p.ended_at else None
-        lines.append(f"  {p.name:<20} {start:>8.1f}s {num(dur, 's'):>9}  {p.result[:90]}")
-    lines += [
+        *render_timeline(r.phases, r.failure_at),
         "",
-        f"  node replacement (failure -> spare {r.spare_node or '-'} in service): {num(r.replacement_seconds, ' s')}",
-        f"  time to resume (failure -> training again):            {num(r.time_to_resume_seconds, ' s')}",
-        f"  lost training progress: {num(r.lost_steps, ' steps')}, {num(r.lost_seconds, ' s')} of training"
-        f" (resumed at step {num(r.resumed_step)}, latest complete checkpoint step {num(r.latest_complete_step)})",
+        f"  node replacement (failure -> spare {r.spare_node or '-'} in service): {_num(r.replacement_seconds, ' s')}",
+        f"  time to resume (failure -> training again):            {_num(r.time_to_resume_seconds, ' s')}",
+        f"  lost training progress: {_num(r.lost_steps, ' steps')}, {_num(r.lost_seconds, ' s')} of training"
+        f" (resumed at step {_num(r.resumed_step)}, latest complete checkpoint step {_num(r.latest_complete_step)})",
     ]
     for s in r.skipped_checkpoints:
         lines.append(f"  skipped incomplete checkpoint {s.checkpoint_id}: {s.why}")
@@ -96,45 +201,160 @@ def render_report(r: IncidentReport) -> str:
     return "\n".join(lines)
 
 
-# --- inject ------------------------------------------------------------------------------------
+def render_status(s: IncidentStatus) -> str:
+    origin = s.alerts[0].observed_at if s.alerts else (s.phases[0].started_at if s.phases else None)
+    fault = f" ({s.fault_class.value})" if s.fault_class else ""
+    lines = [f"incident {s.incident_id}: node {s.node}, XID {_num(s.xid)}{fault}",
+             f"phase: {s.phase}" + (f", outcome: {s.outcome}" if s.outcome else ""), ""]
+    if origin is not None:
+        lines += render_timeline(s.phases, origin)
+    lines += [f"  alert from {a.source} by {a.actor} at {a.observed_at:%H:%M:%S}: XID {a.xid}, {a.reason}"
+              for a in s.alerts]
+    return "\n".join(lines)
 
 
-async def cmd_inject(args: argparse.Namespace) -> int:
+def render_timeline(phases: list[Phase], origin: datetime) -> list[str]:
+    """The phases as a table: when each started after the failure, how long it took, its result."""
+    lines = [f"  {'phase':<20} {'start':>9} {'duration':>9}  result"]
+    for p in phases:
+        start = (p.started_at - origin).total_seconds()
+        duration = (p.ended_at - p.started_at).total_seconds() if p.ended_at else None
+        lines.append(f"  {p.name:<20} {start:>8.1f}s {_num(duration, 's'):>9}  {p.result[:90]}")
+    return lines
+
+
+def _num(v, unit: str = "") -> str:
+    return "-" if v is None else f"{v:.1f}{unit}" if isinstance(v, float) else f"{v}{unit}"
+
+
+def timeline_json(phases: list[Phase], origin: datetime) -> list[dict]:
+    return [{"phase": p.name, "started_at": p.started_at.isoformat(),
+             "ended_at": p.ended_at.isoformat() if p.ended_at else None,
+             "start_seconds": round((p.started_at - origin).total_seconds(), 3),
+             "duration_seconds": round((p.ended_at - p.started_at).total_seconds(), 3) if p.ended_at else None,
+             "result": p.result} for p in phases]
+
+
+# --- finding incidents -------------------------------------------------------------------------
+
+
+@dataclass
+class Incident:
+    """One run of a node's incident workflow, with what can be read of it."""
+
+    run: WorkflowExecution
+    report: IncidentReport | None = None  # when it completed
+    status: IncidentStatus | None = None  # otherwise, if a worker answered the query
+
+    @property
+    def incident_id(self) -> str | None:
+        found = self.report or self.status
+        return found.incident_id if found else None
+
+    @property
+    def run_status(self) -> str:
+        return self.run.status.name if self.run.status else "UNKNOWN"
+
+    @property
+    def settled(self) -> bool:
+        """False when it ended and a person still has something to do."""
+        if self.run.status == WorkflowExecutionStatus.RUNNING:
+            return True
+        return self.report is not None and self.report.outcome in SETTLED_OUTCOMES
+
+
+async def load_incident(client: Client, run: WorkflowExecution) -> Incident:
+    from workflows.node_recovery import NodeRecoveryWorkflow
+
+    incident = Incident(run)
+    handle = client.get_workflow_handle_for(NodeRecoveryWorkflow.run, run.id, run_id=run.run_id)
+    if run.status == WorkflowExecutionStatus.COMPLETED:
+        incident.report = await handle.result()
+        return incident
+    try:
+        incident.status = await handle.query(NodeRecoveryWorkflow.status, rpc_timeout=timedelta(seconds=10))
+    except Exception:  # no worker to answer (or the run failed before it had a state): it still lists
+        pass
+    return incident
+
+
+def parse_incident_ref(ref: str) -> tuple[str, str | None]:
+    """(node, incident id or None) from a node name or an incident id."""
+    match = _INCIDENT_ID.match(ref)
+    return checked_node(match.group("node") if match else ref), (ref if match else None)
+
+
+def checked_node(name: str) -> str:
+    try:
+        return _check_node_name(name)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+
+
+async def find_incident(client: Client, node: str, incident_id: str | None) -> Incident:
+    """The node's latest incident, or the one with that incident id."""
+    from workflows.node_recovery import incident_workflow_id
+
+    runs = [run async for run in client.list_workflows(f"WorkflowId = '{incident_workflow_id(node)}'", limit=200)]
+    for run in sorted(runs, key=lambda r: r.start_time, reverse=True):
+        incident = await load_incident(client, run)
+        if incident_id is None or incident.incident_id == incident_id:
+            return incident
+    raise BadInput(f"no incident {incident_id or node} in namespace {client.namespace}")
+
+
+# --- inject, status, list ----------------------------------------------------------------------
+
+
+@app.command(help="send one failure alert to a running stack (prints the workflow id)")
+def inject(
+    node: str = typer.Option(..., help="the failed node"),
+    xid: int = typer.Option(..., help="the XID reported"),
+    actor: str = typer.Option(f"{getpass.getuser()} via recovery inject", help="who asks"),
+    reason: str = typer.Option("", help="why (default: the XID)"),
+) -> None:
+    _run(_inject(node, xid, actor, reason))
+
+
+async def _inject(node: str, xid: int, actor: str, reason: str) -> int:
     from starter.alerts import raise_alert
 
-    alert = NodeFailureAlert(
-        node=args.node, xid=args.xid, source="cli", actor=args.actor,
-        reason=args.reason or f"XID {args.xid} reported from the CLI",
-    )
-    settings = Settings()
+    alert = NodeFailureAlert(node=node, xid=xid, source="cli", actor=actor,
+                             reason=reason or f"XID {xid} reported from the CLI")
+    settings = load_settings()
     client = await _client(settings.temporal_address, settings.temporal_namespace)
     handle = await raise_alert(client, alert, settings.task_queue, settings.policy())
     print(json.dumps({"workflow_id": handle.id, "run_id": handle.result_run_id, "node": alert.node, "xid": alert.xid}))
     return EXIT_OK
 
 
-# --- status ------------------------------------------------------------------------------------
+@app.command(help="the incidents and their phase (or outcome)")
+def status(
+    node: str | None = typer.Argument(None, help="only this node's incidents"),
+    as_json: bool = JSON_OPTION,
+    limit: int = typer.Option(50, help="at most this many"),
+) -> None:
+    _run(_status(node, as_json, limit))
 
 
-async def cmd_status(args: argparse.Namespace) -> int:
+async def _status(node: str | None, as_json: bool, limit: int) -> int:
     from workflows.node_recovery import incident_workflow_id
 
-    settings = Settings()
-    client = await _client(settings.temporal_address, settings.temporal_namespace)
+    client = await _configured_client()
     query = "WorkflowType='NodeRecoveryWorkflow'"
-    if args.node:
-        NodeFailureAlert(node=args.node, xid=1, source="cli", actor="status")  # validates the name
-        query += f" AND WorkflowId='{incident_workflow_id(args.node)}'"
+    if node:
+        NodeFailureAlert(node=node, xid=1, source="cli", actor="status")  # validates the name
+        query += f" AND WorkflowId='{incident_workflow_id(node)}'"
     rows = []
-    async for wf in client.list_workflows(query, limit=args.limit):
+    async for wf in client.list_workflows(query, limit=limit):
         handle = client.get_workflow_handle(wf.id, run_id=wf.run_id)
         row = {"workflow_id": wf.id, "run_id": wf.run_id, "status": wf.status.name if wf.status else "?",
                "started_at": wf.start_time.isoformat()}
         try:
             if wf.status == WorkflowExecutionStatus.RUNNING:
-                status = await handle.query("status")
-                row |= {"incident_id": status["incident_id"], "node": status["node"],
-                        "phase": status["phase"], "xid": status["xid"]}
+                current = await handle.query("status")
+                row |= {"incident_id": current["incident_id"], "node": current["node"],
+                        "phase": current["phase"], "xid": current["xid"]}
             elif wf.status == WorkflowExecutionStatus.COMPLETED:
                 report = await handle.result()
                 row |= {"incident_id": report["incident_id"], "node": report["node"], "phase": "done",
@@ -142,8 +362,8 @@ async def cmd_status(args: argparse.Namespace) -> int:
         except Exception as e:  # a run whose worker is gone still lists, with why it has no phase
             row["error"] = str(e)
         rows.append(row)
-    if args.json:
-        print(json.dumps(rows, indent=2))
+    if as_json:
+        _print_json(rows)
     else:
         for r in rows:
             print(f"{r.get('incident_id', r['workflow_id']):<34} {r['status']:<11} phase={r.get('phase', '?'):<20}"
@@ -153,92 +373,259 @@ async def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+@app.command("list", help="the incidents, newest first, filtered by their search attributes")
+def list_incidents(
+    node: str | None = typer.Option(None, help="only this node's incidents"),
+    xid: int | None = typer.Option(None, help="only incidents opened by this XID"),
+    phase: str | None = typer.Option(None, help="only incidents in this phase (done: ended)"),
+    outcome: str | None = typer.Option(None, help="only incidents with this outcome (recovered, escalated, ...)"),
+    running: bool = typer.Option(False, "--running", help="only incidents still running"),
+    limit: int = typer.Option(50, help="at most this many"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    _run(_list(node, xid, phase, outcome, running, limit, as_json))
+
+
+def incident_query(node: str | None, xid: int | None, phase: str | None, outcome: str | None,
+                   running: bool) -> str:
+    """The visibility query for `recovery list` (values checked: they are pasted into the query)."""
+    terms = ["WorkflowType = 'NodeRecoveryWorkflow'"]
+    if node is not None:
+        checked_node(node)
+        terms.append(f"{sa.NODE.name} = '{node}'")
+    if xid is not None:
+        terms.append(f"{sa.XID.name} = {int(xid)}")
+    for key, value in ((sa.PHASE, phase), (sa.OUTCOME, outcome)):
+        if value is not None:
+            if not _QUERY_VALUE.match(value):
+                raise BadInput(f"{value!r}: use letters, digits, spaces and . _ : -")
+            terms.append(f"{key.name} = '{value}'")
+    if running:
+        terms.append("ExecutionStatus = 'Running'")
+    return " AND ".join(terms)
+
+
+async def _list(node: str | None, xid: int | None, phase: str | None, outcome: str | None, running: bool,
+                limit: int, as_json: bool) -> int:
+    query = incident_query(node, xid, phase, outcome, running)
+    client = await _configured_client()
+    runs = [run async for run in client.list_workflows(query, limit=limit)]
+    # The incident id is the workflow's own state: read each run's, a few at a time.
+    gate = asyncio.Semaphore(8)
+
+    async def read(run: WorkflowExecution) -> Incident:
+        async with gate:
+            return await load_incident(client, run)
+
+    incidents = await asyncio.gather(*(read(run) for run in runs))
+    rows = [_list_row(i) for i in incidents]
+    if as_json:
+        _print_json(rows)
+        return EXIT_OK
+    table = Table("incident", "node", "XID", "phase", "outcome", "jobs", "started", "run", box=None)
+    for row in rows:
+        table.add_row(row["incident_id"] or row["workflow_id"], row["node"], _num(row["xid"]), row["phase"],
+                      row["outcome"] or "", ",".join(row["job_ids"]), row["started_at"][:19], row["status"])
+    stdout.print(table if rows else "no incidents")
+    return EXIT_OK
+
+
+def _list_row(incident: Incident) -> dict:
+    run, attributes = incident.run, incident.run.typed_search_attributes
+    return {
+        "incident_id": incident.incident_id, "workflow_id": run.id, "run_id": run.run_id,
+        "status": incident.run_status, "node": attributes.get(sa.NODE), "xid": attributes.get(sa.XID),
+        "phase": attributes.get(sa.PHASE), "outcome": attributes.get(sa.OUTCOME),
+        "job_ids": attributes.get(sa.JOB_IDS) or [], "peer_nodes": attributes.get(sa.PEER_NODES) or [],
+        "started_at": run.start_time.isoformat(), "closed_at": run.close_time.isoformat() if run.close_time else None,
+    }
+
+
+# --- describe and report -----------------------------------------------------------------------
+
+
+@app.command(help="one incident's timeline: phase, start, duration, result (exit 1: it ended unrecovered)")
+def describe(incident: str = typer.Argument(..., help="a node name (its latest incident) or an incident id"),
+             as_json: bool = JSON_OPTION) -> None:
+    _run(_describe(incident, as_json))
+
+
+async def _describe(ref: str, as_json: bool) -> int:
+    node, incident_id = parse_incident_ref(ref)
+    client = await _configured_client()
+    incident = await find_incident(client, node, incident_id)
+    run = incident.run
+    if as_json:
+        found = incident.report or incident.status
+        origin = incident.report.failure_at if incident.report else _status_origin(incident.status)
+        _print_json({
+            "incident_id": incident.incident_id, "workflow_id": run.id, "run_id": run.run_id,
+            "status": incident.run_status, "settled": incident.settled,
+            "phase": "done" if incident.report else (incident.status.phase if incident.status else None),
+            "outcome": found.outcome if found else None,
+            "timeline": timeline_json(found.phases, origin) if found and origin else [],
+            "report": incident.report.model_dump(mode="json") if incident.report else None,
+            "incident": incident.status.model_dump(mode="json") if incident.status else None,
+        })
+    else:
+        print(f"workflow {run.id}, run {run.run_id}: {incident.run_status}")
+        if incident.report:
+            print(render_report(incident.report))
+        elif incident.status:
+            print(render_status(incident.status))
+        else:
+            print("no worker answered for its state (is a worker running?)")
+    return EXIT_OK if incident.settled else EXIT_FAILED
+
+
+def _status_origin(status: IncidentStatus | None) -> datetime | None:
+    if status is None:
+        return None
+    if status.alerts:
+        return status.alerts[0].observed_at
+    return status.phases[0].started_at if status.phases else None
+
+
+@app.command(help="write an ended incident's report as a self-contained HTML page (prints its path)")
+def report(incident: str = typer.Argument(..., help="a node name (its latest incident) or an incident id"),
+           output: Path | None = typer.Option(None, "--output", "-o", help="the file (default: ./INCIDENT.html)"),
+           as_json: bool = JSON_OPTION) -> None:
+    _run(_report(incident, output, as_json))
+
+
+async def _report(ref: str, output: Path | None, as_json: bool) -> int:
+    node, incident_id = parse_incident_ref(ref)
+    client = await _configured_client()
+    incident = await find_incident(client, node, incident_id)
+    if incident.report is None:
+        raise BadInput(f"incident {incident.incident_id or ref} has no report yet ({incident.run_status}"
+                       + (f", phase {incident.status.phase}" if incident.status else "") + ")")
+    path = write_report_html(incident.report, output or Path(f"{incident.report.incident_id}.html"))
+    if as_json:
+        _print_json({"incident_id": incident.report.incident_id, "report_html": str(path.resolve())})
+    else:
+        print(path.resolve())
+    return EXIT_OK
+
+
+# --- operator decisions ------------------------------------------------------------------------
+
+
+def _decision_command(name: str, what: str) -> None:
+    @app.command(name, help=f"{what} (only when the incident awaits a decision)")
+    def decide(incident: str = typer.Argument(..., help="a node name (its latest incident) or an incident id"),
+               reason: str = typer.Option(..., help="why: recorded with the decision"),
+               actor: str = typer.Option(f"{getpass.getuser()} via recovery {name}", help="who decides"),
+               as_json: bool = JSON_OPTION) -> None:
+        _run(_decide(name, incident, OperatorDecision(actor=actor, reason=reason), as_json))
+
+
+_decision_command("approve", "let the incident go on with the step that awaits approval")
+_decision_command("deny", "refuse the step that awaits approval")
+_decision_command("abort", "stop the incident where it is")
+
+
+async def _decide(name: str, ref: str, decision: OperatorDecision, as_json: bool) -> int:
+    node, incident_id = parse_incident_ref(ref)
+    client = await _configured_client()
+    incident = await find_incident(client, node, incident_id)
+    label = incident.incident_id or ref
+    if incident.run.status != WorkflowExecutionStatus.RUNNING:
+        raise BadInput(f"incident {label} has ended ({incident.run_status}): nothing awaits a decision")
+    handle = client.get_workflow_handle(incident.run.id, run_id=incident.run.run_id)
+    try:
+        status = await handle.execute_update(name, decision, result_type=IncidentStatus)
+    except WorkflowUpdateFailedError as e:
+        raise BadInput(f"incident {label} refused {name}: {e.cause.message if e.cause else e}") from None
+    if as_json:
+        _print_json(status.model_dump(mode="json"))
+    else:
+        print(f"incident {status.incident_id}: {name} accepted from {decision.actor}; phase {status.phase}")
+    return EXIT_OK
+
+
+# --- config ------------------------------------------------------------------------------------
+
+
+@app.command(help="the configuration in effect (environment, RECOVERY_CONFIG_FILE, defaults), secrets masked")
+def config(as_json: bool = JSON_OPTION) -> None:
+    entries = describe_config(load_settings(), load_telemetry_settings())
+    if as_json:
+        _print_json([e.model_dump() for e in entries])
+    else:
+        table = Table("variable", "value", "from", box=None)
+        for e in entries:
+            table.add_row(e.variable, "" if e.value is None else str(e.value), e.source)
+        stdout.print(table)
+    raise typer.Exit(EXIT_OK)
+
+
 # --- stack -------------------------------------------------------------------------------------
 
 
-async def cmd_stack(args: argparse.Namespace) -> int:
-    from starter.localstack import LocalStack
+@app.command(help="start, stop or inspect the embedded local stack")
+def stack(action: StackAction = typer.Argument(..., help="up, down or status"),
+          slurm_version: SlurmVersion | None = typer.Option(None, help="the Slurm generation (default: the host's)")) -> None:
+    _run(_stack(action, slurm_version.value if slurm_version else None))
 
-    from starter.localstack import DEBIAN_RELEASE_OF_GENERATION
 
-    stack = LocalStack(task_queue=Settings().task_queue, slurm_version=args.slurm_version)
-    if args.action == "up":
-        cluster = await asyncio.to_thread(stack.up)
-        print(json.dumps({"temporal": stack.temporal_address, "ui": f"http://127.0.0.1:{stack.ui_port}",
+async def _stack(action: StackAction, slurm_version: str | None) -> int:
+    from starter.localstack import DEBIAN_RELEASE_OF_GENERATION, LocalStack
+
+    local = LocalStack(task_queue=load_settings().task_queue, slurm_version=slurm_version)
+    if action == StackAction.up:
+        cluster = await asyncio.to_thread(local.up)
+        print(json.dumps({"temporal": local.temporal_address, "ui": f"http://127.0.0.1:{local.ui_port}",
                           "slurm_conf": cluster["SLURM_CONF"], "slurmrestd": cluster["SLURMRESTD_URL"]}))
-    elif args.action == "down":
+    elif action == StackAction.down:
         # every generation's cluster and worker, then the dev server
         for version in DEBIAN_RELEASE_OF_GENERATION:
-            other = LocalStack(state_dir=stack.state_dir, slurm_version=version)
+            other = LocalStack(state_dir=local.state_dir, slurm_version=version)
             await asyncio.to_thread(other.stop_worker)
             await asyncio.to_thread(other.stop_slurm)
-        await asyncio.to_thread(stack.down)
+        await asyncio.to_thread(local.down)
     else:
-        status = await asyncio.to_thread(stack.status)
-        print(json.dumps(status))
-        return EXIT_OK if all(status.values()) else EXIT_FAILED
+        current = await asyncio.to_thread(local.status)
+        print(json.dumps(current))
+        return EXIT_OK if all(current.values()) else EXIT_FAILED
     return EXIT_OK
 
 
 # --- hooks -------------------------------------------------------------------------------------
 
 
-def cmd_hooks(args: argparse.Namespace):
-    """Not async: it picks the event loop (uvloop) before main() starts one; returns the coroutine."""
+@app.command(help="serve the alert hooks (RECOVERY_HOOKS_* configure it; docs/alert-hooks.md)")
+def hooks(host: str | None = typer.Option(None, help="listen address (default RECOVERY_HOOKS_HOST or 127.0.0.1)"),
+          port: int | None = typer.Option(None, help="listen port (default RECOVERY_HOOKS_PORT or 8910)")) -> None:
     from starter.hooks.server import serve
     from starter.hooks.settings import HookSettings
 
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    return serve(Settings(), HookSettings(**overrides))
+    overrides = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    # serve() picks the event loop (uvloop) before one exists: the coroutine runs after it.
+    _run(serve(load_settings(), HookSettings(**overrides)))
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="recovery", description="GPU node failure recovery on Slurm, driven by Temporal")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    d = sub.add_parser("drill", help="run a recovery drill on the embedded local stack")
-    d.add_argument("--xid", type=int, default=79)
-    d.add_argument("--node", help="node to fail (default: one of the reference job's nodes)")
-    d.add_argument("--corrupt-latest-checkpoint", action="store_true",
-                   help="make the newest checkpoint incomplete before the failure")
-    d.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    d.add_argument("--slurm-version", choices=["22.05", "24.11"],
-                   help="the Slurm generation to drill on (default: the host's; the other runs from a Debian root)")
-    d.set_defaults(run=cmd_drill)
-
-    i = sub.add_parser("inject", help="send one failure alert to a running stack")
-    i.add_argument("--node", required=True)
-    i.add_argument("--xid", type=int, required=True)
-    i.add_argument("--actor", default=f"{getpass.getuser()} via recovery inject")
-    i.add_argument("--reason", default="")
-    i.set_defaults(run=cmd_inject)
-
-    s = sub.add_parser("status", help="the incidents and their phase")
-    s.add_argument("node", nargs="?")
-    s.add_argument("--json", action="store_true")
-    s.add_argument("--limit", type=int, default=50)
-    s.set_defaults(run=cmd_status)
-
-    k = sub.add_parser("stack", help="start, stop or inspect the embedded local stack")
-    k.add_argument("action", choices=["up", "down", "status"])
-    k.add_argument("--slurm-version", choices=["22.05", "24.11"], help="the Slurm generation (default: the host's)")
-    k.set_defaults(run=cmd_stack)
-
-    h = sub.add_parser("hooks", help="serve the alert hooks (RECOVERY_HOOKS_* configure it; docs/alert-hooks.md)")
-    h.add_argument("--host", help="listen address (default RECOVERY_HOOKS_HOST or 127.0.0.1)")
-    h.add_argument("--port", type=int, help="listen port (default RECOVERY_HOOKS_PORT or 8910)")
-    h.set_defaults(run=cmd_hooks)
-    return p
+# --- main --------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
     try:
-        code = asyncio.run(args.run(args))
+        app(args=argv, prog_name="recovery")
+        code = EXIT_OK
+    except SystemExit as e:  # typer.Exit from a command, or a usage error (2)
+        code = e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(str(x) for x in err['loc']) or 'input'}: {err['msg']}" for err in e.errors())
         _err(f"recovery: bad input, nothing was changed: {problems}")
         code = EXIT_BAD_INPUT
+    except (BadInput, ConfigError) as e:
+        _err(f"recovery: bad input, nothing was changed: {e}")
+        code = EXIT_BAD_INPUT
+    except RPCError as e:
+        refused = e.status in (RPCStatusCode.INVALID_ARGUMENT, RPCStatusCode.NOT_FOUND,
+                               RPCStatusCode.FAILED_PRECONDITION)
+        _err(f"recovery: {'bad input, nothing was changed' if refused else 'Temporal did not answer'}: {e}")
+        code = EXIT_BAD_INPUT if refused else EXIT_UNAVAILABLE
     except (RuntimeError, OSError) as e:
         _err(f"recovery: {e}")
         code = EXIT_UNAVAILABLE
