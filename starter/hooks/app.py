@@ -1,28 +1,29 @@
-"""The hook's HTTP interface (Starlette): one endpoint per source, its OpenAPI document, metrics.
+"""The hook's HTTP interface: a plain ASGI application with one endpoint per source, its OpenAPI
+document, metrics.
 
 Every POST goes the same way: read the body within the size limit, authenticate, validate the whole
 request strictly, then hand its alerts to the intake. A request with any problem is refused whole
 (4xx, a JSON body naming each problem) before anything is handed over; a 200 means every alert in
 it is in Temporal, or was dropped for the reason given (docs/alert-hooks.md, "What accepted means").
+
+No web framework: routing is three paths, and in a storm a framework's per-request layers
+(middleware, request and response objects) cost more CPU than the validation itself (measured).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
-from collections import Counter
-from collections.abc import Callable
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, ValidationError
 from pydantic.json_schema import models_json_schema
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
 
 from contracts.models import utc_now
 from starter.hooks.auth import SIGNATURE_HEADER, Authenticator
@@ -32,6 +33,15 @@ from starter.hooks.settings import HookSettings
 from starter.hooks.sources import Incoming, WireModel, alertmanager, gpu_health, kernel_log
 
 log = logging.getLogger("training_recovery.hooks")
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_CONTENT_TYPE = {"json": b"application/json", "text": b"text/plain; charset=utf-8"}
+_READ_HEADERS = (b"authorization", SIGNATURE_HEADER.encode(), b"content-type", b"content-length")
 
 
 # --- answers (also the OpenAPI document's response schemas) ------------------------------------
@@ -101,49 +111,71 @@ class HookApp:
         self.intake = intake
         self._auth = Authenticator(settings)
         self._requests: Counter[tuple[str, int]] = Counter()
+        self._posts = {e.path: e for e in ENDPOINTS}
+        self._gets: dict[str, Callable[[], tuple[str, bytes]]] = {
+            "/openapi.json": lambda: ("json", self._openapi),
+            "/healthz": lambda: ("text", b"ok\n"),
+            "/metrics": lambda: ("text", self.metrics().encode()),
+        }
+        self._parsed = ParsedBodies(settings.dedupe_cache_size)
 
     @cached_property
-    def _openapi(self) -> dict:
-        return openapi_document(self.settings)
+    def _openapi(self) -> bytes:
+        return _JSON.encode(openapi_document(self.settings)).encode()
 
-    def asgi(self) -> Starlette:
-        routes = [Route(e.path, self._endpoint(e), methods=["POST"]) for e in ENDPOINTS]
-        routes += [
-            Route("/openapi.json", lambda _: JSONResponse(self._openapi), methods=["GET"]),
-            Route("/healthz", lambda _: PlainTextResponse("ok\n"), methods=["GET"]),
-            Route("/metrics", lambda _: PlainTextResponse(self.metrics()), methods=["GET"]),
-        ]
-        return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    def asgi(self) -> ASGIApp:
+        return self
 
-    def _endpoint(self, endpoint: Endpoint):
-        async def handle(request: Request) -> Response:
-            try:
-                answer = await self._handle(endpoint, request)
-            except Refused as refused:
-                if refused.status >= 500:
-                    log.warning("%s: %s: %s", endpoint.name, refused.error, refused.problems[0]["msg"])
-                self._requests[(endpoint.name, refused.status)] += 1
-                return JSONResponse(refused.body(), status_code=refused.status, headers=refused.headers)
-            self._requests[(endpoint.name, 200)] += 1
-            return Response(answer.model_dump_json(exclude_none=True), media_type="application/json")
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1000})
+            return
+        if scope["type"] != "http":
+            return  # lifespan: nothing to start or stop
+        path, method = scope["path"], scope["method"]
+        endpoint = self._posts.get(path)
+        headers: list[tuple[bytes, bytes]] = []
+        if endpoint is not None and method == "POST":
+            status, kind, body, headers = await self._post(endpoint, scope, receive)
+        elif path in self._gets and method in ("GET", "HEAD"):
+            status, (kind, body) = 200, self._gets[path]()
+        else:
+            allowed = "POST" if endpoint is not None else "GET, HEAD" if path in self._gets else None
+            status, error = (405, "Method Not Allowed") if allowed else (404, "Not Found")
+            headers = [(b"allow", allowed.encode())] if allowed else []
+            refusal = Refused(status, error, [problem("path", f"{method} {path}: {error}")])
+            kind, body = "json", _JSON.encode(refusal.body()).encode()
+        headers = [(b"content-type", _CONTENT_TYPE[kind]), (b"content-length", b"%d" % len(body)), *headers]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
-        return handle
+    async def _post(self, endpoint: Endpoint, scope: Scope, receive: Receive
+                    ) -> tuple[int, str, bytes, list[tuple[bytes, bytes]]]:
+        try:
+            answer = await self._handle(endpoint, scope, receive)
+        except Refused as refused:
+            if refused.status >= 500:
+                log.warning("%s: %s: %s", endpoint.name, refused.error, refused.problems[0]["msg"])
+            self._requests[(endpoint.name, refused.status)] += 1
+            headers = [(k.encode(), v.encode()) for k, v in refused.headers.items()]
+            return refused.status, "json", _JSON.encode(refused.body()).encode(), headers
+        self._requests[(endpoint.name, 200)] += 1
+        return 200, "json", answer, []
 
-    async def _handle(self, endpoint: Endpoint, request: Request) -> HookAnswer:
-        body = await self._read(request)
-        self._auth.check(request.headers.get("authorization"), request.headers.get(SIGNATURE_HEADER), body)
-        media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    async def _handle(self, endpoint: Endpoint, scope: Scope, receive: Receive) -> bytes:
+        headers: dict[bytes, str] = {}
+        for name, value in scope["headers"]:
+            if name in _READ_HEADERS and name not in headers:
+                headers[name] = value.decode("latin-1")
+        body = await self._read(headers.get(b"content-length"), receive)
+        self._auth.check(headers.get(b"authorization"), headers.get(SIGNATURE_HEADER.encode()), body)
+        media_type = headers.get(b"content-type", "").split(";")[0].strip().lower()
         if media_type != "application/json":
             raise Refused(415, "unsupported media type",
                           [problem("headers.content-type", f"expected application/json, got {media_type or 'none'}")])
-        payload = _validate(endpoint.model, body)
-        now = utc_now()
-        incoming, problems = endpoint.parse(payload, self.settings, now)
-        if len(incoming) > self.settings.max_alerts_per_request:
-            problems.append(problem("body", f"{len(incoming)} alerts; at most "
-                                            f"{self.settings.max_alerts_per_request} per request"))
-        if problems:
-            raise Refused(422, "invalid alerts", problems)
+        incoming = self._parsed.get(endpoint.name, body)
+        if incoming is None:
+            incoming = self._parse(endpoint, body)
         try:
             results = await self.intake.submit(incoming)
         except Exception as e:
@@ -153,21 +185,37 @@ class HookApp:
         if dropped:
             log.info("%s: dropped %d of %d alert(s); first: %s: %s", endpoint.name, len(dropped), len(results),
                      dropped[0][0].node, dropped[0][1].reason)
-        return _answer(incoming, results)
+        return answer_json(incoming, results)
 
-    async def _read(self, request: Request) -> bytes:
+    def _parse(self, endpoint: Endpoint, body: bytes) -> list[Incoming]:
+        payload = _validate(endpoint.model, body)
+        now = utc_now()
+        incoming, problems = endpoint.parse(payload, self.settings, now)
+        if len(incoming) > self.settings.max_alerts_per_request:
+            problems.append(problem("body", f"{len(incoming)} alerts; at most "
+                                            f"{self.settings.max_alerts_per_request} per request"))
+        if problems:
+            raise Refused(422, "invalid alerts", problems)
+        if all(i.observed_at != now for i in incoming):  # the same bytes will give the same alerts
+            self._parsed.put(endpoint.name, body, incoming)
+        return incoming
+
+    async def _read(self, declared: str | None, receive: Receive) -> bytes:
         limit = self.settings.max_body_bytes
-        declared = request.headers.get("content-length")
-        too_large = Refused(413, "body too large", [problem("body", f"larger than {limit} bytes")])
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise too_large
+            raise _too_large(limit)
         chunks, size = [], 0
-        async for chunk in request.stream():
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise Refused(400, "client disconnected", [problem("body", "the client went away before sending it")])
+            chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise too_large
+                raise _too_large(limit)
             chunks.append(chunk)
-        return b"".join(chunks)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def metrics(self) -> str:
         """Prometheus text format: the hook's own counters."""
@@ -182,6 +230,37 @@ class HookApp:
         return "\n".join(lines) + "\n"
 
 
+class ParsedBodies:
+    """The alerts of bodies already validated, by endpoint and a digest of the exact bytes.
+
+    A storm is mostly re-sends of byte-identical bodies (Alertmanager's repeats and HA pairs, shipper
+    retries); they are authenticated as any other request, but not parsed again. Only bodies whose
+    alerts do not depend on when they arrived are kept (a kernel log line without a time takes the
+    time of receipt). Bounded by the alerts held."""
+
+    def __init__(self, max_alerts: int) -> None:
+        self._max_alerts = max_alerts
+        self._alerts = 0
+        self._bodies: OrderedDict[tuple[str, bytes], list[Incoming]] = OrderedDict()
+
+    @staticmethod
+    def _key(endpoint: str, body: bytes) -> tuple[str, bytes]:
+        return endpoint, hashlib.blake2b(body, digest_size=16).digest()
+
+    def get(self, endpoint: str, body: bytes) -> list[Incoming] | None:
+        return self._bodies.get(self._key(endpoint, body))
+
+    def put(self, endpoint: str, body: bytes, incoming: list[Incoming]) -> None:
+        self._bodies[self._key(endpoint, body)] = incoming
+        self._alerts += len(incoming)
+        while self._alerts > self._max_alerts:
+            self._alerts -= len(self._bodies.popitem(last=False)[1])
+
+
+def _too_large(limit: int) -> Refused:
+    return Refused(413, "body too large", [problem("body", f"larger than {limit} bytes")])
+
+
 def _validate(model: type[WireModel], body: bytes) -> WireModel:
     try:
         return model.model_validate_json(body)
@@ -191,20 +270,19 @@ def _validate(model: type[WireModel], body: bytes) -> WireModel:
         raise Refused(422, "invalid payload", from_validation(e)) from None
 
 
-def _answer(incoming: list[Incoming], results: list[Result]) -> HookAnswer:
-    counts = Counter(r.outcome for r in results)
-    return HookAnswer(
-        accepted=counts[Outcome.ACCEPTED], correlated=counts[Outcome.CORRELATED],
-        duplicate=counts[Outcome.DUPLICATE], dropped=counts[Outcome.DROPPED],
-        alerts=[AlertAnswer(node=i.node, xid=i.xid, outcome=r.outcome, incident=r.incident, reason=r.reason or None)
-                for i, r in zip(incoming, results, strict=True)],
-    )
-
-
-async def _http_error(request: Request, exc: HTTPException) -> Response:
-    """404 and 405 in the same shape as every other refusal."""
-    body = {"error": exc.detail, "problems": [problem("path", f"{request.method} {request.url.path}: {exc.detail}")]}
-    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+def answer_json(incoming: list[Incoming], results: list[Result]) -> bytes:
+    """The 200 answer (HookAnswer), encoded directly: in a storm this is every request's last step."""
+    counts = dict.fromkeys(Outcome, 0)
+    alerts = []
+    for i, r in zip(incoming, results, strict=True):
+        counts[r.outcome] += 1
+        alert: dict[str, object] = {"node": i.node, "xid": i.xid, "outcome": r.outcome.value}
+        if r.incident is not None:
+            alert["incident"] = r.incident
+        if r.reason:
+            alert["reason"] = r.reason
+        alerts.append(alert)
+    return _JSON.encode({o.value: n for o, n in counts.items()} | {"alerts": alerts}).encode()
 
 
 def openapi_document(settings: HookSettings) -> dict:

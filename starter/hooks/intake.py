@@ -7,8 +7,10 @@ For each alert, in order:
 3. an alert identical to one already handed over is a duplicate: it is in Temporal already;
 4. an alert observed before the node's last incident ended is dropped (a replay after a restart
    must never restart a recovery);
-5. a secondary alert (XID 45, 74, an NCCL timeout: docs/alert-hooks.md) on a node that shares a job
-   with a node whose incident began within the correlation window joins that incident;
+5. a secondary alert (XID 45, 74, an NCCL timeout: docs/alert-hooks.md) on a node with no incident
+   of its own waits, at most the hold, for the incident it follows from (correlation.py): it joins
+   the incident of a node that shared a job with it, or, once its own node has an incident or the
+   hold is over, its own node's (an NCCL timeout is then dropped: it is no node fault by itself);
 6. everything else goes to its own node's incident.
 
 Hand-over: one lane per node. While a hand-over for a node is in flight, that node's new alerts
@@ -21,17 +23,25 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from contracts.models import NodeFailureAlert, utc_now
+from starter.hooks.correlation import (
+    IncidentDirectory,
+    Snapshot,
+    correlation_reason,
+    is_secondary,
+    primary_for,
+)
 from starter.hooks.sources import Incoming
 from workflows.node_recovery import incident_workflow_id
 
 log = logging.getLogger("training_recovery.hooks")
+T = TypeVar("T")
 
 
 class Outcome(StrEnum):
@@ -70,17 +80,15 @@ class Incidents(Protocol):
         """Open a new incident after an ended one (or join one opened meanwhile); returns the run id."""
 
 
-# Nodes that share a running job with the given node (a Slurm lookup, injected: the hook itself
-# never calls Slurm). Without it, nothing is correlated.
-JobPeers = Callable[[str], Awaitable[Collection[str]]]
-
-
 @dataclass(slots=True)
 class _Pending:
-    key: Incoming
-    alert: NodeFailureAlert
+    key: Incoming  # the alert as its source reported it
+    alert: NodeFailureAlert  # as it is handed over
     outcome: Outcome
     future: asyncio.Future[Result]
+    # False for a secondary alert sent to its node's incident only because this hook remembers
+    # one: if that has ended, the alert is decided again (correlated, held) rather than opening one.
+    decided: bool = True
 
 
 @dataclass(slots=True)
@@ -89,8 +97,12 @@ class _Node:
     draining: bool = False
     run_id: str | None = None  # the incident this hook last handed alerts to
     ended_at: datetime | None = None  # when the node's last incident ended, as last seen
-    primary_at: datetime | None = None  # first primary alert of the current incident
-    primary_xid: int | None = None
+
+    @property
+    def has_incident(self) -> bool:
+        """This hook is handing alerts to the node's incident, or handed some to one not known to
+        have ended."""
+        return self.run_id is not None or self.draining or bool(self.pending)
 
 
 @dataclass(frozen=True)
@@ -98,6 +110,7 @@ class IntakeLimits:
     max_age: timedelta = timedelta(minutes=15)
     clock_skew: timedelta = timedelta(minutes=5)
     correlation_window: timedelta = timedelta(minutes=2)
+    correlation_hold: timedelta = timedelta(seconds=10)
     secondary_xids: frozenset[int] = frozenset({45, 74})
     max_batch: int = 200
     max_inflight: int = 64
@@ -106,33 +119,39 @@ class IntakeLimits:
 
 class Intake:
     def __init__(self, incidents: Incidents, limits: IntakeLimits = IntakeLimits(), *,
-                 job_peers: JobPeers | None = None, clock: Callable[[], datetime] = utc_now) -> None:
+                 directory: IncidentDirectory | None = None, clock: Callable[[], datetime] = utc_now,
+                 temporal_calls: Counter[str] | None = None) -> None:
+        """Without a directory of running incidents nothing is correlated: secondary XIDs go to
+        their own node at once, NCCL timeouts are dropped. temporal_calls: a counter shared with
+        the directory, so that /metrics shows every call."""
         self._incidents = incidents
         self._limits = limits
-        self._job_peers = job_peers
+        self._directory = directory
         self._clock = clock
         self._nodes: dict[str, _Node] = {}
         self._seen: OrderedDict[Incoming, asyncio.Future[Result]] = OrderedDict()
+        self._own_incident_news: dict[str, asyncio.Event] = {}  # nodes whose secondary alerts are held
         self._slots = asyncio.Semaphore(limits.max_inflight)
-        self._drains: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task] = set()
         self.outcomes: Counter[str] = Counter()  # alerts by outcome, for /metrics
-        self.temporal_calls: Counter[str] = Counter()
+        self.temporal_calls: Counter[str] = Counter() if temporal_calls is None else temporal_calls
 
     async def submit(self, incoming: list[Incoming]) -> list[Result]:
         """Route every alert; returns once each is in Temporal (or known not to go there)."""
         now = self._clock()
-        routed = [await self._route(item, now) for item in incoming]
+        routed = [self._route(item, now) for item in incoming]
         waits = [r for r in routed if not isinstance(r, Result)]
-        # return_exceptions: every hand-over is awaited (none left unretrieved) before one failure is raised.
-        outcomes = iter(await asyncio.gather(*waits, return_exceptions=True))
-        results = [r if isinstance(r, Result) else next(outcomes) for r in routed]
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-        self.outcomes.update(r.outcome.value for r in results)
-        return results
+        if waits:
+            # return_exceptions: every hand-over is awaited (none left unretrieved) before one failure is raised.
+            outcomes = iter(await asyncio.gather(*waits, return_exceptions=True))
+            routed = [r if isinstance(r, Result) else next(outcomes) for r in routed]
+            for r in routed:
+                if isinstance(r, BaseException):
+                    raise r
+        self.outcomes.update(r.outcome.value for r in routed)
+        return routed
 
-    async def _route(self, item: Incoming, now: datetime) -> Result | asyncio.Future[Result]:
+    def _route(self, item: Incoming, now: datetime) -> Result | asyncio.Future[Result]:
         limits = self._limits
         if item.resolved:
             return _dropped("resolved: a resolved alert changes nothing and starts nothing")
@@ -150,58 +169,75 @@ class Intake:
         node = self._nodes.get(item.node)
         if node is not None and node.ended_at is not None and item.observed_at <= node.ended_at:
             return _ended(node.ended_at)
-
-        if item.xid is None or item.xid in limits.secondary_xids:
-            primary = await self._primary_for(item)
-            if primary is not None:
-                name, state = primary
-                offset = (item.observed_at - state.primary_at).total_seconds()
-                what = f"XID {item.xid}" if item.xid else "NCCL timeout"
-                why = (f"correlated: {what} on {item.node}, "
-                       f"which shares a job with {name}, {offset:+.0f} s from its XID {state.primary_xid}")
-                return self._enqueue(name, item, item.joining(name, state.primary_xid, why), Outcome.CORRELATED)
+        secondary = is_secondary(item.xid, limits.secondary_xids)
+        if secondary and not (node is not None and node.has_incident):
+            if self._directory is not None:
+                return self._remember(item, self._spawn(self._correlate(item)))
             if item.xid is None:
-                return _dropped("an NCCL timeout with no incident on a node of the same job: "
-                                "not a node fault by itself")
-        return self._enqueue(item.node, item, item.to_alert(), Outcome.ACCEPTED)
+                return _dropped("an NCCL timeout, and this hook correlates nothing: not a node fault by itself")
+        if item.xid is None:
+            return _dropped(f"an NCCL timeout on {item.node}, which has an incident of its own: "
+                            "not a node fault by itself")
+        future = self._enqueue(item.node, item, item.to_alert(), Outcome.ACCEPTED, decided=not secondary)
+        return self._remember(item, future)
 
-    async def _primary_for(self, item: Incoming) -> tuple[str, _Node] | None:
-        """The node, sharing a job with this one, whose incident began closest to this alert."""
-        own = self._nodes.get(item.node)
-        if self._job_peers is None or (own is not None and own.primary_at is not None):
-            return None  # no job knowledge, or the node has an incident of its own: it goes there
-        try:
-            peers = await self._job_peers(item.node)
-        except Exception as e:  # without job knowledge the alert is the node's own, as if uncorrelated
-            log.warning("job peers of %s unknown (%s: %s): not correlated", item.node, type(e).__name__, e)
-            return None
-        window = self._limits.correlation_window
-        best = None
-        for peer in peers:
-            state = self._nodes.get(peer)
-            if peer == item.node or state is None or state.primary_at is None:
-                continue
-            distance = abs(item.observed_at - state.primary_at)
-            if distance <= window and (best is None or distance < best[0]):
-                best = (distance, peer, state)
-        return None if best is None else (best[1], best[2])
+    async def _correlate(self, item: Incoming, *, trust_memory: bool = True) -> Result:
+        """A secondary alert on a node with no incident of its own: held until the incident it
+        follows from is known (correlated), its node has an incident of its own, or the hold ends.
+        trust_memory=False: the incident this hook remembered for the node has ended, so only a
+        new alert of the node's own, or visibility, says it has one."""
+        assert self._directory is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._limits.correlation_hold.total_seconds()
+        news = self._own_incident_news.setdefault(item.node, asyncio.Event())
+        snapshot = await self._directory.snapshot()
+        while True:
+            own = self._nodes.get(item.node) if trust_memory or news.is_set() else None
+            if (own is not None and own.has_incident) or snapshot.running_on(item.node):
+                return await self._as_own(item, f"{item.node} has an incident of its own")
+            primary = primary_for(item, snapshot, self._limits.correlation_window, self._limits.secondary_xids)
+            if primary is not None:
+                why = correlation_reason(item, primary)
+                log.info("%s -> %s", why, incident_workflow_id(primary.node))
+                return await self._enqueue(primary.node, item, item.joining(primary.node, primary.xid, why),
+                                           Outcome.CORRELATED)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return await self._as_own(item, "no incident it follows from within the hold")
+            snapshot = await _next_news(news, self._directory, remaining) or snapshot
 
-    def _enqueue(self, node: str, key: Incoming, alert: NodeFailureAlert, outcome: Outcome) -> asyncio.Future[Result]:
+    async def _as_own(self, item: Incoming, why: str) -> Result:
+        if item.xid is None:
+            return _dropped(f"an NCCL timeout and {why}: not a node fault by itself")
+        return await self._enqueue(item.node, item, item.to_alert(), Outcome.ACCEPTED)
+
+    def _spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    def _enqueue(self, node: str, key: Incoming, alert: NodeFailureAlert, outcome: Outcome,
+                 decided: bool = True) -> asyncio.Future[Result]:
         future = asyncio.get_running_loop().create_future()
-        self._remember(key, future)
-        state = self._nodes.setdefault(node, _Node())
-        state.pending.append(_Pending(key, alert, outcome, future))
+        state = self._nodes.get(node)
+        if state is None:
+            state = self._nodes[node] = _Node()
+        state.pending.append(_Pending(key, alert, outcome, future, decided))
+        if outcome is Outcome.ACCEPTED:
+            news = self._own_incident_news.pop(node, None)
+            if news is not None:  # the node's held secondary alerts now go to its own incident, after this one
+                news.set()
         if not state.draining:
             state.draining = True
-            task = asyncio.create_task(self._drain(node, state))
-            self._drains.add(task)
-            task.add_done_callback(self._drains.discard)
+            self._spawn(self._drain(node, state))
         return future
 
-    def _remember(self, key: Incoming, future: asyncio.Future[Result]) -> None:
+    def _remember(self, key: Incoming, future: asyncio.Future[Result]) -> asyncio.Future[Result]:
         self._seen[key] = future
         if len(self._seen) > self._limits.dedupe_size:
             self._seen.popitem(last=False)
+        return future
 
     async def _drain(self, node: str, state: _Node) -> None:
         try:
@@ -218,14 +254,19 @@ class Intake:
         alerts = [p.alert for p in batch]
         try:
             try:
-                if state.run_id is None:
+                # A batch of correlated alerts only joins: it must never open an incident of the
+                # failed node (visibility showed that one running).
+                own = any(p.outcome is Outcome.ACCEPTED for p in batch)
+                if state.run_id is None and own:
                     self.temporal_calls["join_or_open"] += 1
                     run_id = await self._incidents.join_or_open(node, alerts)
-                else:  # an incident this hook handed alerts to: a plain signal is cheaper
+                else:  # a running incident: a plain signal is cheaper
                     self.temporal_calls["join"] += 1
                     await self._incidents.join(node, alerts)
                     run_id = state.run_id
             except IncidentEnded:
+                state.run_id = None
+                batch = self._decide_again(node, batch)
                 batch, run_id = await self._after_end(node, state, batch)
         except Exception as e:  # Temporal unreachable or refusing: nothing of this batch is accepted
             for p in batch:
@@ -233,21 +274,33 @@ class Intake:
                 if not p.future.done():
                     p.future.set_exception(e)
             return
-        if run_id is None:  # nothing fresh: the node has no running incident
-            state.run_id = None
-            return
-        if run_id != state.run_id:
-            state.run_id, state.primary_at, state.primary_xid = run_id, None, None
+        state.run_id = run_id
         incident = incident_workflow_id(node)
         for p in batch:
-            if p.outcome is Outcome.ACCEPTED and p.alert.xid not in self._limits.secondary_xids:
-                if state.primary_at is None or p.alert.observed_at < state.primary_at:
-                    state.primary_at, state.primary_xid = p.alert.observed_at, p.alert.xid
-            p.future.set_result(Result(p.outcome, incident))
+            # a correlated alert's answer says whose incident it joined and why, as its reason does
+            p.future.set_result(Result(p.outcome, incident, p.alert.reason if p.outcome is Outcome.CORRELATED else ""))
+
+    def _decide_again(self, node: str, batch: list[_Pending]) -> list[_Pending]:
+        """The node's incident has ended: correlated alerts that were joining it go to their own
+        node instead (never opening an incident of this one), and secondary alerts sent to it only
+        because this hook remembered it are correlated afresh. Returns the rest of the batch."""
+        rest = []
+        for p in batch:
+            if p.outcome is Outcome.CORRELATED:
+                again = self._as_own(p.key, f"the incident of {node} it follows from has ended")
+            elif not p.decided and self._directory is not None:
+                again = self._correlate(p.key, trust_memory=False)
+            else:
+                rest.append(p)
+                continue
+            self._spawn(again).add_done_callback(_pass_on(p.future))
+        return rest
 
     async def _after_end(self, node: str, state: _Node, batch: list[_Pending]) -> tuple[list[_Pending], str | None]:
         """The node's last incident has ended: alerts observed before its end are dropped, and the
         rest open a new incident."""
+        if not batch:
+            return batch, None
         self.temporal_calls["ended_at"] += 1
         ended = await self._incidents.ended_at(node)
         if ended is not None:
@@ -260,6 +313,28 @@ class Intake:
             return batch, None
         self.temporal_calls["open_after_end"] += 1
         return batch, await self._incidents.open_after_end(node, [p.alert for p in batch])
+
+
+async def _next_news(news: asyncio.Event, directory: IncidentDirectory, timeout: float) -> Snapshot | None:
+    """Wait until the node has an incident of its own, the directory has a newer snapshot, or the
+    timeout; returns the newer snapshot if that came."""
+    waits = {asyncio.ensure_future(news.wait()), asyncio.ensure_future(directory.refreshed())}
+    done, pending = await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    for w in pending:
+        w.cancel()
+    snapshots = [w.result() for w in done if isinstance(w.result(), Snapshot)]
+    return snapshots[0] if snapshots else None
+
+
+def _pass_on(target: asyncio.Future[Result]) -> Callable[[asyncio.Future[Result]], None]:
+    def copy(source: asyncio.Future[Result]) -> None:
+        if source.cancelled():
+            target.cancel()
+        elif source.exception() is not None:
+            target.set_exception(source.exception())
+        else:
+            target.set_result(source.result())
+    return copy
 
 
 def _dropped(reason: str) -> Result:

@@ -11,17 +11,21 @@ import asyncio
 import logging
 import signal
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
+from datetime import timedelta
 
 import uvicorn
 import uvloop
-from starlette.types import ASGIApp
 from temporalio.client import Client
 
-from contracts.settings import Settings
-from starter.hooks.app import HookApp
-from starter.hooks.intake import Intake, JobPeers
+from activities.xid_policy import XidPolicyTable
+from contracts.models import FaultClass
+from contracts.settings import ConfigError, Settings
+from starter.hooks.app import ASGIApp, HookApp
+from starter.hooks.correlation import RunningIncidents
+from starter.hooks.intake import Intake
 from starter.hooks.settings import HookSettings
 from starter.hooks.temporal import TemporalIncidents
 from worker import connect
@@ -29,13 +33,29 @@ from worker import connect
 log = logging.getLogger("training_recovery.hooks")
 
 
-def build_app(settings: Settings, hook: HookSettings, client: Client, job_peers: JobPeers | None = None) -> HookApp:
+def check_secondary_xids(settings: Settings, hook: HookSettings) -> None:
+    """Raise ConfigError when a secondary XID is one the XID policy classes fatal or degrading: a
+    node's own failure must never join another node's incident."""
+    table = XidPolicyTable(settings.xid_policy_file)
+    primary = sorted(x for x in hook.secondary_xids
+                     if table.classify(x).fault_class in (FaultClass.FATAL, FaultClass.DEGRADING))
+    if primary:
+        raise ConfigError(f"RECOVERY_HOOKS_SECONDARY_XIDS: XID {', '.join(map(str, primary))} is fatal or degrading "
+                          f"in {table.path}: a node's own failure, never joined to another node's incident")
+
+
+def build_app(settings: Settings, hook: HookSettings, client: Client) -> HookApp:
+    """The hook on this Temporal client (its configuration checked first)."""
+    check_secondary_xids(settings, hook)
     incidents = TemporalIncidents(client, settings.task_queue, settings.policy())
-    return HookApp(hook, Intake(incidents, hook.intake_limits(), job_peers=job_peers))
+    calls: Counter[str] = Counter()
+    directory = RunningIncidents(client, timedelta(seconds=hook.correlation_refresh_seconds), calls)
+    return HookApp(hook, Intake(incidents, hook.intake_limits(), directory=directory, temporal_calls=calls))
 
 
 def _config(asgi: ASGIApp, hook: HookSettings) -> uvicorn.Config:
-    return uvicorn.Config(asgi, host=hook.host, port=hook.port, http="httptools", lifespan="off",
+    # proxy_headers off: the hook uses no client address, so X-Forwarded-* need no parsing per request.
+    return uvicorn.Config(asgi, host=hook.host, port=hook.port, http="httptools", lifespan="off", proxy_headers=False,
                           access_log=hook.access_log, log_level="info", timeout_graceful_shutdown=10)
 
 
@@ -51,6 +71,7 @@ def serve(settings: Settings, hook: HookSettings) -> Coroutine[None, None, int]:
 
 async def _serve(settings: Settings, hook: HookSettings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    check_secondary_xids(settings, hook)  # a bad configuration is refused before anything is dialled
     client = await connect(settings)
     app = build_app(settings, hook, client)
     log.info("alert hooks on http://%s:%d (auth: %s) -> Temporal %s/%s, task queue %s", hook.host, hook.port,

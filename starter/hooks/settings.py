@@ -42,8 +42,14 @@ class HookSettings(BaseSettings):
     max_alert_age_seconds: float = Field(900.0, gt=0, description="older alerts are dropped")
     clock_skew_seconds: float = Field(300.0, ge=0, description="alerts further in the future are dropped")
 
-    # --- correlation ---
-    correlation_window_seconds: float = Field(120.0, ge=0)
+    # --- correlation (docs/alert-hooks.md, "Correlation") ---
+    correlation_window_seconds: float = Field(
+        120.0, ge=0, description="a secondary alert joins an incident that started at most this far from it")
+    correlation_hold_seconds: float = Field(
+        10.0, ge=0, description="how long a secondary alert on a node with no incident of its own waits for "
+        "the incident it follows from (its job peers are known once that incident has found its jobs)")
+    correlation_refresh_seconds: float = Field(
+        1.0, gt=0, description="the running incidents are read from visibility at most this often")
     secondary_xids: Annotated[list[Xid], NoDecode] = Field(
         default_factory=lambda: [45, 74],
         description="XIDs that follow from a failure elsewhere: they join a peer's incident",
@@ -80,12 +86,12 @@ class HookSettings(BaseSettings):
             raise ValueError("RECOVERY_HOOKS_NODE_LABELS: name at least one label")
         return self
 
-
     def intake_limits(self) -> IntakeLimits:
         return IntakeLimits(
             max_age=timedelta(seconds=self.max_alert_age_seconds),
             clock_skew=timedelta(seconds=self.clock_skew_seconds),
             correlation_window=timedelta(seconds=self.correlation_window_seconds),
+            correlation_hold=timedelta(seconds=self.correlation_hold_seconds),
             secondary_xids=frozenset(self.secondary_xids),
             max_batch=self.max_batch_alerts,
             max_inflight=self.max_inflight_handovers,

@@ -1,9 +1,10 @@
-"""For tests and the benchmark: payloads as each source sends them, and a stand-in for the
-Temporal side of the intake that records every call.
+"""For tests and the benchmark: payloads as each source sends them, and stand-ins for the
+Temporal side of the intake.
 
 RecordingIncidents keeps incidents the way Temporal would (one running run per node; an ended run
-refuses a REJECT_DUPLICATE hand-over) so the intake's logic can be checked without a server; the
-integration tests check the same behaviour against the real dev server.
+refuses a REJECT_DUPLICATE hand-over) so the intake's logic can be checked without a server;
+FixedDirectory shows running incidents the way visibility would. The integration tests check the
+same behaviour against the real dev server.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from contracts.models import NodeFailureAlert
+from starter.hooks.correlation import RunningIncident, Snapshot
 from starter.hooks.intake import IncidentEnded
 
 
@@ -75,6 +77,31 @@ class RecordingIncidents:
     @property
     def handed_over(self) -> list[NodeFailureAlert]:
         return [a for runs in self.runs.values() for run in runs for a in run.alerts]
+
+
+class FixedDirectory:
+    """Running incidents as a test sets them; a new snapshot is taken whenever the test says so."""
+
+    def __init__(self, *incidents: RunningIncident) -> None:
+        self._current = Snapshot({i.node: i for i in incidents})
+        self._next: asyncio.Future[Snapshot] | None = None
+        self.snapshots = 0  # how many times the intake read it
+
+    async def snapshot(self) -> Snapshot:
+        self.snapshots += 1
+        return self._current
+
+    async def refreshed(self) -> Snapshot:
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+        return await asyncio.shield(self._next)
+
+    def show(self, *incidents: RunningIncident) -> None:
+        """Visibility now shows these running incidents (and no others)."""
+        self._current = Snapshot({i.node: i for i in incidents})
+        if self._next is not None:
+            self._next.set_result(self._current)
+            self._next = None
 
 
 # --- payloads, as the sources send them -------------------------------------------------------

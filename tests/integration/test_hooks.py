@@ -1,6 +1,6 @@
 """The hook server over HTTP against the real Temporal dev server: one incident per node whatever
-the storm, nothing on bad input or resolved alerts, no restart from a replayed alert, correlation,
-and `recovery hooks` itself.
+the storm, nothing on bad input or resolved alerts, no restart from a replayed alert, and
+`recovery hooks` itself (correlation, which needs a worker and Slurm: test_hooks_correlation.py).
 
 No worker runs: signal-with-start needs none, so each incident stays as handed over, and what it
 absorbed is read back from its history (the signals' payloads).
@@ -58,9 +58,9 @@ def hook_settings(**overrides) -> HookSettings:
     return HookSettings(**{"token": TOKEN, "port": 0} | overrides)
 
 
-def start_hook(temporal_env, task_queue: str, job_peers=None, **overrides):
+def start_hook(temporal_env, task_queue: str, **overrides):
     settings = Settings(TEMPORAL_ADDRESS="unused", task_queue=task_queue)
-    app = build_app(settings, hook_settings(**overrides), temporal_env.client, job_peers)
+    app = build_app(settings, hook_settings(**overrides), temporal_env.client)
     return listening(app.asgi(), app.settings)
 
 
@@ -178,29 +178,6 @@ async def test_a_replay_after_the_incident_ended_never_restarts_it(temporal_env,
         assert (await post(http, "/v1/alerts/gpu-health", fresh)).json()["accepted"] == 1
     await assert_runs(temporal_env.client, {node: 2})
     assert [a.xid for a in await absorbed(temporal_env.client, node)] == [48]
-
-
-async def test_secondary_xids_on_peers_join_the_primary_incident(temporal_env, task_queue, nodes):
-    primary, peer, stranger = nodes[:3]
-    jobs = {peer: {primary, peer}, stranger: set()}
-
-    async def job_peers(node: str) -> set[str]:
-        return jobs.get(node, set())
-
-    t = now() - timedelta(seconds=20)
-    async with start_hook(temporal_env, task_queue, job_peers) as url, httpx.AsyncClient(base_url=url) as http:
-        await post(http, "/v1/alerts/kernel-log", kernel_log_post(primary, [xid_line(79, when=t)]))
-        answers = [(await post(http, path, payload)).json() for path, payload in [
-            ("/v1/alerts/kernel-log", kernel_log_post(peer, [xid_line(74, when=t + timedelta(seconds=2))])),
-            ("/v1/alerts/gpu-health", gpu_health_event(peer, None, t + timedelta(seconds=5))),
-            ("/v1/alerts/kernel-log", kernel_log_post(stranger, [xid_line(74, when=t)])),
-        ]]
-    assert [a["alerts"][0]["outcome"] for a in answers] == ["correlated", "correlated", "accepted"]
-    await assert_runs(temporal_env.client, {primary: 1, peer: 0, stranger: 1})
-    alerts = await absorbed(temporal_env.client, primary)
-    assert [(a.node, a.xid) for a in alerts] == [(primary, 79), (primary, 74), (primary, 79)]
-    assert alerts[1].reason.startswith(f"correlated: XID 74 on {peer}, which shares a job with {primary}")
-    assert alerts[2].reason.startswith(f"correlated: NCCL timeout on {peer}")
 
 
 def free_port() -> int:

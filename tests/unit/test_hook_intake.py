@@ -1,4 +1,5 @@
-"""The intake's decisions, against a recording stand-in for Temporal (RecordingIncidents)."""
+"""The intake's decisions, against a recording stand-in for Temporal (RecordingIncidents);
+correlation's are in test_hook_correlation.py."""
 
 from __future__ import annotations
 
@@ -20,12 +21,8 @@ def alert(node: str = "gpu-2", xid: int | None = 79, ago: float = 1.0, **kw) -> 
                     reason=kw.pop("reason", f"XID {xid}"), observed_at=NOW - timedelta(seconds=ago), **kw)
 
 
-def intake(incidents: RecordingIncidents, peers: dict[str, set[str]] | None = None, **limits) -> Intake:
-    async def job_peers(node: str) -> set[str]:
-        return peers.get(node, set())
-
-    return Intake(incidents, IntakeLimits(**limits), job_peers=job_peers if peers is not None else None,
-                  clock=lambda: NOW)
+def intake(incidents: RecordingIncidents, **limits) -> Intake:
+    return Intake(incidents, IntakeLimits(**limits), clock=lambda: NOW)
 
 
 async def test_alerts_for_a_node_arriving_during_a_hand_over_go_in_the_next_one():
@@ -139,62 +136,6 @@ async def test_a_batch_spanning_the_end_splits_into_dropped_and_a_new_incident()
     results = await hook.submit([alert(ago=100, reason="old"), alert(ago=10, reason="new")])
     assert [r.outcome for r in results] == [Outcome.DROPPED, Outcome.ACCEPTED]
     assert [a.reason for a in incidents.runs["gpu-2"][1].alerts] == ["new"]
-
-
-async def test_secondary_xids_on_a_peer_join_the_primary_incident():
-    incidents = RecordingIncidents()
-    hook = intake(incidents, peers={"gpu-3": {"gpu-2", "gpu-3"}, "gpu-9": set()},
-                  correlation_window=timedelta(seconds=120))
-    await hook.submit([alert("gpu-2", 79, ago=60)])
-    results = await hook.submit([
-        alert("gpu-3", 74, ago=30),  # NVLink error on a node of the same job: joins gpu-2
-        alert("gpu-3", 45, ago=50),  # cleanup after the job's processes died: joins gpu-2
-        alert("gpu-3", None, ago=40),  # an NCCL timeout: joins gpu-2 with its XID
-        alert("gpu-9", 74, ago=30),  # not in the job: its own incident
-    ])
-    assert [r.outcome for r in results] == [Outcome.CORRELATED] * 3 + [Outcome.ACCEPTED]
-    assert [r.incident for r in results] == ["node-recovery-gpu-2"] * 3 + ["node-recovery-gpu-9"]
-    joined = incidents.runs["gpu-2"][0].alerts[1:]
-    assert [(a.node, a.xid) for a in joined] == [("gpu-2", 74), ("gpu-2", 45), ("gpu-2", 79)]
-    assert joined[0].reason.startswith(
-        "correlated: XID 74 on gpu-3, which shares a job with gpu-2, +30 s from its XID 79")
-    assert joined[2].reason.startswith("correlated: NCCL timeout on gpu-3")
-    assert "gpu-3" not in incidents.runs
-
-
-async def test_secondary_xids_outside_the_window_or_without_job_knowledge_are_the_nodes_own():
-    peers = {"gpu-3": {"gpu-2"}}
-    incidents = RecordingIncidents()
-    hook = intake(incidents, peers=peers, correlation_window=timedelta(seconds=120))
-    await hook.submit([alert("gpu-2", 79, ago=600)])
-    [late] = await hook.submit([alert("gpu-3", 74, ago=100)])
-    assert (late.outcome, late.incident) == (Outcome.ACCEPTED, "node-recovery-gpu-3")
-
-    unknowing = intake(RecordingIncidents())
-    await unknowing.submit([alert("gpu-2", 79, ago=60)])
-    [own] = await unknowing.submit([alert("gpu-3", 74, ago=30)])
-    [nccl] = await unknowing.submit([alert("gpu-3", None, ago=30)])
-    assert (own.outcome, own.incident) == (Outcome.ACCEPTED, "node-recovery-gpu-3")
-    assert nccl.outcome is Outcome.DROPPED and "NCCL timeout" in nccl.reason
-
-
-async def test_a_failing_job_lookup_leaves_the_alert_to_its_own_node():
-    async def broken(node: str) -> set[str]:
-        raise RuntimeError("squeue timed out")
-
-    incidents = RecordingIncidents()
-    hook = Intake(incidents, IntakeLimits(), job_peers=broken, clock=lambda: NOW)
-    await hook.submit([alert("gpu-2", 79, ago=60)])
-    [r] = await hook.submit([alert("gpu-3", 74, ago=30)])
-    assert (r.outcome, r.incident) == (Outcome.ACCEPTED, "node-recovery-gpu-3")
-
-
-async def test_a_node_with_its_own_primary_keeps_its_secondary_alerts():
-    incidents = RecordingIncidents()
-    hook = intake(incidents, peers={"gpu-3": {"gpu-2"}})
-    await hook.submit([alert("gpu-2", 79, ago=60), alert("gpu-3", 48, ago=59)])
-    [r] = await hook.submit([alert("gpu-3", 74, ago=30)])
-    assert (r.outcome, r.incident) == (Outcome.ACCEPTED, "node-recovery-gpu-3")
 
 
 async def test_when_temporal_fails_nothing_is_accepted_and_a_retry_hands_over_again():

@@ -8,7 +8,7 @@ than refused: it is description, not a decision input. Node names and XIDs are v
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated
 
@@ -60,10 +60,11 @@ class Incoming:
                                 reason=self.reason, observed_at=self.observed_at, message=self.message)
 
     def joining(self, primary_node: str, primary_xid: int, why: str) -> NodeFailureAlert:
-        """This alert as it joins the incident of the node whose failure it follows from."""
-        moved = replace(self, node=primary_node, xid=self.xid or primary_xid,
-                        reason=clip(f"{why}: {self.reason}", REASON_MAX))
-        return moved.to_alert()
+        """This alert as it joins the incident of the node whose failure it follows from: that
+        node's, observed on this one; an NCCL timeout, which has no XID, carries the primary's."""
+        return NodeFailureAlert(node=primary_node, observed_on=self.node, xid=self.xid or primary_xid,
+                                source=self.source, actor=self.actor, reason=clip(f"{why}: {self.reason}", REASON_MAX),
+                                observed_at=self.observed_at, message=self.message)
 
 
 def clip(text: str, limit: int) -> str:
