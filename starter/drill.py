@@ -3,6 +3,10 @@ incident must bring it back from its latest complete checkpoint.
 
 Nothing breaks hardware: the failure is a fault marker that the reference job reads as a lost
 GPU, plus an alert sent exactly as the alert hooks send it.
+
+With `k8s`, the same cluster runs as Slurm on Kubernetes: the in-repo API server holds a simulated
+Slinky cluster mirroring it (kubesim/slinky.py), and the incident also fences the Node, evicts the
+slurmd pod once Slurm has let go of the node, and waits for the replacement Node.
 """
 
 from __future__ import annotations
@@ -11,21 +15,30 @@ import asyncio
 import getpass
 import json
 import os
+import secrets
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kubernetes import client as kube, config as kube_config
 from pydantic import BaseModel, Field
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
 from activities.xid_policy import XidPolicyTable
 from backends.slurm import SlurmCli
 from backends.replacement import SPARE_STANDBY_REASON
-from contracts.models import FaultClass, IncidentReport, NodeFailureAlert, RecoveryPolicy, SlurmJob
+from contracts.k8s_settings import KubernetesSettings
+from contracts.models import FaultClass, IncidentReport, NodeFailureAlert, RecoveryPolicy, SlurmJob, SlurmNode
+from contracts.settings import Settings, load_settings
+from kubesim.server import KubeApiServer
+from kubesim.simulators import NODESET
+from kubesim.slinky import GPU_RESOURCE, SLURMD_SELECTOR, SlinkyCluster, can_take_slurmd, is_ready
 from starter.alerts import raise_alert
 from starter.localstack import LocalStack, StackError, wait_async
+from worker import activities_for, build_slurm, build_worker
 from workflows.node_recovery import NodeRecoveryWorkflow
 from trainer import checkpoint as ckpt
 
@@ -37,6 +50,7 @@ class DrillOptions(BaseModel):
     node: str | None = None
     corrupt_latest_checkpoint: bool = False
     dry_run: bool = False  # observe mode: the incident describes what it would do and does nothing
+    k8s: bool = False  # Slurm on Kubernetes: a simulated Slinky cluster, and the incident's Kubernetes steps
     step_seconds: float = 0.2
     checkpoint_every: int = 10
     checkpoints_before_failure: int = 2
@@ -80,6 +94,7 @@ class DrillRun:
     corrupted: str | None
     handle: WorkflowHandle
     slurm_before: str | None = None  # dry-run: Slurm's state when the alert was sent
+    kubernetes: SimulatedKubernetes | None = None  # a k8s drill's Kubernetes side
 
 
 class Drill:
@@ -94,13 +109,22 @@ class Drill:
     def _log(self, text: str) -> None:
         self.say(f"[{time.monotonic() - self._t0:6.1f}s] {text}")
 
+    @property
+    def spare_nodes(self) -> list[str]:
+        return [n for n in self.cluster.get("SLURM_SPARE_NODES", "").split(",") if n]
+
     async def run(self, opts: DrillOptions) -> DrillResult:
-        return await self.finish(await self.start(opts), opts.timeout_seconds)
+        if not opts.k8s:
+            return await self.finish(await self.start(opts), opts.timeout_seconds)
+        async with SimulatedKubernetes(self) as kubernetes:
+            return await self.finish(await self.start(opts, kubernetes=kubernetes), opts.timeout_seconds)
 
     async def start(self, opts: DrillOptions,
-                    before_fault: Callable[[SlurmJob, str], Awaitable[None]] | None = None) -> DrillRun:
+                    before_fault: Callable[[SlurmJob, str], Awaitable[None]] | None = None,
+                    kubernetes: SimulatedKubernetes | None = None) -> DrillRun:
         """Everything up to the alert: a training job with checkpoints, a failed GPU, the alert.
-        `before_fault(job, node)` lets a test set a scene (say, an operator's drain) first."""
+        `before_fault(job, node)` lets a test set a scene (say, an operator's drain) first; with
+        `kubernetes`, the incident runs on Slurm on Kubernetes."""
         fault_class = self.xid_table.classify(opts.xid).fault_class
         await self.reset_cluster()
         run_dir = self.stack.drills_dir / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
@@ -132,10 +156,13 @@ class Drill:
             reason=f"injected XID {opts.xid} on {node}", message="NVRM: Xid (drill)",
         )
         policy = self.policy.model_copy(update={"dry_run": opts.dry_run})
-        handle = await raise_alert(self.client, alert, self.stack.task_queue, policy)
+        task_queue = self.stack.task_queue
+        if kubernetes is not None:
+            policy, task_queue = policy.model_copy(update={"kubernetes": True}), kubernetes.task_queue
+        handle = await raise_alert(self.client, alert, task_queue, policy)
         self._log(f"alert sent: incident workflow {handle.id}")
         return DrillRun(job_id=job_id, run_dir=run_dir, node=node, fault_class=fault_class,
-                        corrupted=corrupted, handle=handle, slurm_before=slurm_before)
+                        corrupted=corrupted, handle=handle, slurm_before=slurm_before, kubernetes=kubernetes)
 
     async def finish(self, run: DrillRun, timeout: float) -> DrillResult:
         """Follow the incident to its end, check what the drill promises, stop the job."""
@@ -144,6 +171,9 @@ class Drill:
             checks = await self.check_dry_run(report, run, run.slurm_before)
         else:
             checks = await self.check(report, run.job_id, run.node, run.fault_class, run.corrupted)
+        if run.kubernetes is not None:
+            checks += await run.kubernetes.check(report, run)
+            await run.kubernetes.end_return_to_service(report)
         await self.slurm.run("scancel", str(run.job_id))
         return DrillResult(report=report, job_id=run.job_id, run_dir=str(run.run_dir),
                            corrupted_checkpoint=run.corrupted, checks=checks)
@@ -156,7 +186,7 @@ class Drill:
         await self.slurm.run("scancel", f"--name={DRILL_JOB_NAME}")
         for marker in self.stack.fault_dir.glob("*"):
             marker.unlink()
-        spares = [n for n in self.cluster.get("SLURM_SPARE_NODES", "").split(",") if n]
+        spares = self.spare_nodes
         for node in await self.slurm.list_nodes():
             if node.name in spares:
                 if node.comment:
@@ -281,6 +311,130 @@ class Drill:
             checks.append(DrillCheck(name="drained and escalated", passed=report.outcome.startswith("escalated")
                                      and live.drained, detail=report.outcome))
         return checks
+
+
+class SimulatedKubernetes:
+    """A k8s drill's Kubernetes side: the in-repo API server (HTTPS, a bearer token), a simulated
+    Slinky cluster mirroring the local Slurm cluster, and a worker with the Kubernetes activities on
+    a task queue of its own. The worker runs in this process because the local stack's worker
+    process has no Kubernetes configuration. Everything started is stopped on leaving."""
+
+    def __init__(self, drill: Drill):
+        self._drill = drill
+        self.task_queue = f"{drill.stack.task_queue}-k8s"
+        self._resources = AsyncExitStack()
+        self.server = KubeApiServer(tls=True, token=secrets.token_urlsafe(24))
+        self.slinky: SlinkyCluster | None = None
+        self.settings: KubernetesSettings | None = None
+        self._seed_writes = 0
+
+    async def __aenter__(self) -> SimulatedKubernetes:
+        try:
+            await self._start()
+        except BaseException:
+            await self._resources.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self._resources.aclose()
+
+    async def _start(self) -> None:
+        drill = self._drill
+        spares = drill.spare_nodes
+        compute = [n.name for n in await drill.slurm.list_nodes() if n.name not in spares]
+        self.server.start()
+        self._resources.callback(self.server.stop)
+        slinky = SlinkyCluster(self.server, drill.slurm, compute_nodes=compute, spare_nodes=spares)
+        self.slinky = await asyncio.to_thread(slinky.start)
+        self._resources.push_async_callback(asyncio.to_thread, slinky.stop)
+        self._seed_writes = len(self.server.writes())
+        self.settings = KubernetesSettings(
+            enabled=True, kubeconfig=slinky.kubeconfig, context=None, namespace=slinky.namespace,
+            slurmd_selector=SLURMD_SELECTOR, node_selector="", gpu_resource=GPU_RESOURCE, replacement="nodeset",
+            nodeset_name=slinky.nodeset, nodeset_version=NODESET[1], nodeset_scale_up=False,
+            watch_seconds=1,  # a drill measures the replacement, not a watch window
+        )
+        settings = self._worker_settings()
+        slurm = await build_slurm(settings, self._resources)
+        activities = activities_for(settings, slurm, drill.client, kubernetes=self.settings)
+        await self._resources.enter_async_context(build_worker(drill.client, self.task_queue, activities))
+        drill._log(f"Slurm on Kubernetes: API server {self.server.url}, NodeSet {slinky.namespace}/{slinky.nodeset}, "
+                   f"a slurmd pod for each of {', '.join(compute)}; worker on task queue {self.task_queue}")
+
+    def _worker_settings(self) -> Settings:
+        """As the local stack's worker process is configured (LocalStack.worker_env)."""
+        cluster = self._drill.cluster
+        return load_settings(
+            SLURM_CONF=cluster["SLURM_CONF"], SLURM_BIN_DIR=cluster.get("SLURM_BIN_DIR", ""),
+            SLURMRESTD_URL=cluster["SLURMRESTD_URL"], SLURMRESTD_USER=cluster["SLURMRESTD_USER"],
+            SLURMRESTD_TOKEN=cluster["SLURMRESTD_TOKEN"], health_check=self._drill.stack.health_check,
+        )
+
+    async def check(self, report: IncidentReport, run: DrillRun) -> list[DrillCheck]:
+        if report.dry_run or run.fault_class not in (FaultClass.FATAL, FaultClass.DEGRADING):
+            writes = self.server.writes()[self._seed_writes:]
+            return [DrillCheck(name="Kubernetes saw no write", passed=not writes,
+                               detail=f"since the cluster was seeded: {writes or 'none'}")]
+        spare = await self._drill.slurm.get_node(report.spare_node) if report.spare_node else None
+        return [self._evicted_after_slurm_let_go(report, run.node),
+                *await asyncio.to_thread(self._cluster_checks, report, run.node, spare)]
+
+    def _evicted_after_slurm_let_go(self, report: IncidentReport, failed: str) -> DrillCheck:
+        """By the incident's records and by the API server's own log of the eviction requests."""
+        def since_failure(action: str) -> str:
+            found = [a.at for a in report.actions if a.action == action]
+            return f"{(found[-1] - report.failure_at).total_seconds():.1f}s" if found else "-"
+
+        slurm_side = [a for a in report.actions if a.action in ("drain_node", "requeue_hold", "release_job")]
+        evictions = [a for a in report.actions if a.action == "evict_slurmd_pod" and a.path == "kubernetes"]
+        requested = [path for method, path in self.server.requests if method == "POST" and path.endswith("/eviction")]
+        expected = f"/api/v1/namespaces/{self.settings.namespace}/pods/{failed}/eviction"
+        passed = (len(evictions) == 1 and {"drain_node", "requeue_hold"} <= {a.action for a in slurm_side}
+                  and all(a.at <= evictions[0].at for a in slurm_side) and requested == [expected])
+        return DrillCheck(
+            name="slurmd pod evicted after the drain and the requeue", passed=passed,
+            detail=f"drain {since_failure('drain_node')}, requeue {since_failure('requeue_hold')}, release "
+                   f"{since_failure('release_job')}, eviction {since_failure('evict_slurmd_pod')} "
+                   f"({evictions[0].detail if evictions else 'none'}); eviction requests to the API server: {requested}")
+
+    def _cluster_checks(self, report: IncidentReport, failed: str, spare: SlurmNode | None) -> list[DrillCheck]:
+        """What the API server shows now: the failed Node fenced, the replacement serving."""
+        with kube_config.new_client_from_config(config_file=str(self.settings.kubeconfig)) as api:
+            core = kube.CoreV1Api(api)
+            nodes = {n.metadata.name: n for n in core.list_node().items}
+            pods = {p.spec.hostname: p for p in core.list_namespaced_pod(
+                self.settings.namespace, label_selector=SLURMD_SELECTOR).items}
+        failed_node = self.slinky.node_of(failed)
+        fenced = nodes.get(failed_node)
+        cordoned = bool(fenced and fenced.spec.unschedulable)
+        fence_taints = [f"{t.key}={t.value}:{t.effect}" for t in (fenced.spec.taints or [] if fenced else [])
+                        if t.key == self.settings.taint_key]
+        pod = pods.get(report.spare_node or "")
+        node = nodes.get(pod.spec.node_name) if pod else None
+        usable = node is not None and node.metadata.name != failed_node and can_take_slurmd(node)
+        pod_ready = pod is not None and is_ready(pod)
+        in_service = spare is not None and spare.in_service
+        return [
+            DrillCheck(name="failed Node cordoned and tainted", passed=cordoned and bool(fence_taints),
+                       detail=f"{failed_node}: unschedulable {cordoned}, taints {fence_taints}"),
+            DrillCheck(name="replacement Node in service", passed=usable and pod_ready and in_service,
+                       detail=f"Node {node.metadata.name if node else '-'}: "
+                              f"{'Ready, schedulable, GPUs' if usable else 'not usable'}; slurmd pod "
+                              f"{pod.metadata.name if pod else '-'}: {'Ready' if pod_ready else 'not Ready'}; "
+                              f"Slurm node {spare.name if spare else '-'}: "
+                              f"{'in service' if in_service else spare.state if spare else 'none'}"),
+        ]
+
+    async def end_return_to_service(self, report: IncidentReport) -> None:
+        """The incident handed the failed node to a return-to-service workflow on this side's task
+        queue; its worker stops with the drill and no other worker polls that queue, so it ends here."""
+        if report.return_to_service is None:
+            return
+        handle = self._drill.client.get_workflow_handle(report.return_to_service)
+        description = await handle.describe()
+        if description.task_queue == self.task_queue and description.status == WorkflowExecutionStatus.RUNNING:
+            await handle.terminate(reason="recovery drill --k8s ended: its worker has stopped")
 
 
 def corrupt_latest_checkpoint(run_dir: Path) -> str:
