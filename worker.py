@@ -107,6 +107,7 @@ def activities_for(settings: Settings, slurm: SlurmClient, temporal: Client,
         jobs.verify_restart,
         replacement.request_replacement,
         replacement.wait_for_spare,
+        replacement.check_node_health,
         TelemetryActivities(metrics).record_incident,
         *(kubernetes_activities(kubernetes, slurm) if kubernetes is not None else []),
     ]

@@ -10,7 +10,7 @@ from temporalio import activity
 from backends.health import HealthCheck
 from backends.replacement import ReplacementProvider
 from backends.slurm import SlurmClient
-from contracts.models import ReplacementRequest, ReplacementResult, SpareResult, SpareWaitRequest, utc_now
+from contracts.models import NodeHealth, ReplacementRequest, ReplacementResult, SpareResult, SpareWaitRequest, utc_now
 
 POLL_SECONDS = 0.5
 
@@ -42,3 +42,9 @@ class ReplacementActivities:
             activity.heartbeat(detail)
             await asyncio.sleep(POLL_SECONDS)
         return SpareResult(node=req.node, healthy=False, detail=f"not healthy within {req.deadline_seconds:.0f} s: {detail}")
+
+    @activity.defn
+    async def check_node_health(self, node: str) -> NodeHealth:
+        """The health check hook alone (RECOVERY_HEALTH_CHECK), for capacity that arrived another way."""
+        healthy, detail = await self._health.check(node)
+        return NodeHealth(node=node, healthy=healthy, detail=detail)

@@ -335,9 +335,18 @@ class Invocation(Contract):
     executed: bool = True
 
 
+class NodeHealth(Contract):
+    node: NodeName
+    healthy: bool
+    detail: str
+
+
 class ReturnToServiceRequest(Contract):
     node: NodeName
     ctx: ActionContext = Field(description="the incident that fenced the node: only its fence is undone")
+    kubernetes_node: str | None = Field(
+        None, description="Slurm on Kubernetes: the Node the incident fenced, unfenced once the node is healthy")
+    kubernetes_unfenced: bool = False
     poll_seconds: float = Field(gt=0)
     give_up_at: datetime
     checks: int = 0

@@ -344,7 +344,8 @@ class NodeRecoveryWorkflow:
         self._note("; ".join(f"job {v.job_id}: {'ok' if v.verified else ', '.join(v.why_not)}" for v in verifications))
         outcome = _outcome(no_replacement, spare, verifications)
         if not fence.owned_by_other:
-            await self._step("return_to_service", self._start_return_to_service(req.node, ctx, policy))
+            await self._step("return_to_service", self._start_return_to_service(
+                req.node, ctx, policy, pod.node if pod is not None else None))
         return self._finish(first, action, outcome, verifications, spare)
 
     async def _replace_with_hot_spare(self, node: str, ctx: ActionContext,
@@ -427,10 +428,21 @@ class NodeRecoveryWorkflow:
             heartbeat_timeout=K8S_HEARTBEAT, retry_policy=K8S_RETRY,
         ))
         self._note(f"{found.slurm_node or '-'} on Node {found.node or '-'}: {found.detail}")
-        return None, SpareResult(node=found.slurm_node or pod.slurm_node, healthy=found.healthy,
-                                 in_service_at=found.in_service_at, detail=f"Node {found.node}: {found.detail}")
+        spare = SpareResult(node=found.slurm_node or pod.slurm_node, healthy=found.healthy,
+                            in_service_at=found.in_service_at, detail=f"Node {found.node}: {found.detail}")
+        if found.healthy:
+            # Ready, GPUs allocatable and idle in Slurm; the operator's health check has the last word.
+            health = await self._step("check_spare_health", workflow.execute_activity_method(
+                ReplacementActivities.check_node_health, spare.node,
+                summary=f"Run the health check hook on {spare.node}", start_to_close_timeout=timedelta(seconds=120),
+                retry_policy=SLURM_RETRY,
+            ))
+            self._note(health.detail)
+            spare.healthy, spare.detail = health.healthy, f"{spare.detail}; {health.detail}"
+        return None, spare
 
-    async def _start_return_to_service(self, node: str, ctx: ActionContext, policy: RecoveryPolicy) -> None:
+    async def _start_return_to_service(self, node: str, ctx: ActionContext, policy: RecoveryPolicy,
+                                       kubernetes_node: str | None) -> None:
         """Hands the fenced node to a workflow that outlives this incident and resumes the node
         once it is repaired and healthy."""
         workflow_id = return_to_service_workflow_id(node)
@@ -438,7 +450,7 @@ class NodeRecoveryWorkflow:
             await workflow.start_child_workflow(
                 ReturnToServiceWorkflow.run,
                 ReturnToServiceRequest(
-                    node=node, poll_seconds=policy.repair_poll_seconds,
+                    node=node, poll_seconds=policy.repair_poll_seconds, kubernetes_node=kubernetes_node,
                     give_up_at=workflow.now() + timedelta(seconds=policy.repair_wait_seconds),
                     ctx=ctx.model_copy(update={"actor": f"{policy.owner} policy",
                                                "reason": f"return to service after repair (incident {ctx.incident_id})"}),
@@ -529,9 +541,12 @@ class NodeRecoveryWorkflow:
             self._note(f"{len(waits)} job(s) checkpointed within the grace period")
         except TimeoutError:
             late = sum(not w.done() for w in waits)
-            for w in waits:
-                w.cancel()
             self._note(f"grace period of {grace_seconds:.0f} s ended; {late} job(s) without a new checkpoint")
+        finally:
+            # Also when the incident is aborted mid-grace: no look for a checkpoint outlives it.
+            for w in waits:
+                if not w.done():
+                    w.cancel()
 
     async def _requeue(self, jobs: list[JobSnapshot], node: str, ctx: ActionContext) -> list[RequeueResult]:
         results = []

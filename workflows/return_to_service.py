@@ -3,7 +3,8 @@
 Started by the incident that fenced the node (and outliving it), it looks at the node every
 `poll_seconds` on a durable timer: when the fence is still that incident's, slurmd answers and the
 health check hook passes, it resumes the node; a node fenced by someone else meanwhile is left as
-found. It gives up at `give_up_at`, leaving the node out of service, and says so.
+found. It gives up at `give_up_at`, leaving the node out of service, and says so. On Kubernetes
+it first undoes the incident's fence of the Node, once the health check passes.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.fencing import FencingActivities
+    from activities.kubernetes import KubernetesActivities
+    from activities.replacement import ReplacementActivities
+    from contracts.kubernetes import K8sNodeRequest
     from contracts.models import NodeRequest, ReturnToServiceRequest, ReturnToServiceResult
-    from workflows.call_options import SLURM_CALL
+    from workflows.call_options import K8S_CALL, SLURM_CALL
 
 # Checks per run before continuing as new, to keep the history short over days of waiting.
 CHECKS_PER_RUN = 500
@@ -30,6 +34,8 @@ class ReturnToServiceWorkflow:
     @workflow.run
     async def run(self, req: ReturnToServiceRequest) -> ReturnToServiceResult:
         for _ in range(CHECKS_PER_RUN):
+            if req.kubernetes_node is not None and not req.kubernetes_unfenced:
+                await self._unfence_when_healthy(req)
             check = await workflow.execute_activity_method(
                 FencingActivities.return_to_service, NodeRequest(node=req.node, ctx=req.ctx),
                 summary=f"Is {req.node} repaired? Resume it if healthy and still fenced by incident "
@@ -50,3 +56,19 @@ class ReturnToServiceWorkflow:
             workflow.set_current_details(f"Waiting for {req.node} to be repaired: {check.detail}")
             await workflow.sleep(timedelta(seconds=req.poll_seconds))
         workflow.continue_as_new(req)
+
+    async def _unfence_when_healthy(self, req: ReturnToServiceRequest) -> None:
+        """Slurm on Kubernetes: once the health check passes, undo the incident's fence of the
+        Node (its prior cordon, taints and condition come back), so slurmd can run there again."""
+        health = await workflow.execute_activity_method(
+            ReplacementActivities.check_node_health, req.node,
+            summary=f"Run the health check hook on {req.node}", **SLURM_CALL,
+        )
+        if not health.healthy:
+            return
+        unfenced = await workflow.execute_activity_method(
+            KubernetesActivities.unfence_k8s_node, K8sNodeRequest(node=req.kubernetes_node, ctx=req.ctx),
+            summary=f"Undo incident {req.ctx.incident_id}'s fence of Node {req.kubernetes_node}", **K8S_CALL,
+        )
+        req.actions.extend(unfenced.actions)
+        req.kubernetes_unfenced = True

@@ -36,7 +36,8 @@ async def test_xid79_drill_recovers_the_job_from_its_latest_complete_checkpoint(
     assert r.spare_node == "gpu-5" and 0 < r.replacement_seconds < r.time_to_resume_seconds
     names = [p.name for p in r.phases]
     assert names == ["classify", "drain", "find_jobs", "signal", "grace", "requeue", "mark_down",
-                     "request_replacement", "wait_for_spare", "verify"]
+                     "request_replacement", "wait_for_spare", "verify", "return_to_service"]
+    assert r.return_to_service == f"return-to-service-{r.node}"
     assert next(p for p in r.phases if p.name == "grace").result.startswith("skipped")
     # Every side effect is recorded with who asked and why, and which path it took.
     actions = {a.action: a for a in r.actions}

@@ -17,7 +17,9 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.worker import Worker
 
+from contracts.kubernetes import K8sNodeRequest, K8sUnfenceResult
 from contracts.models import (
+    ActionContext,
     ActionRecord,
     ApplicationXidCountRequest,
     CheckpointRef,
@@ -25,10 +27,12 @@ from contracts.models import (
     CheckpointWaitResult,
     FaultClass,
     FaultClassification,
+    IncidentReport,
     JobSnapshot,
     JobVerification,
     NodeFailureAlert,
     NodeFenceResult,
+    NodeHealth,
     NodeRequest,
     OperatorDecision,
     RecoveryPolicy,
@@ -37,6 +41,7 @@ from contracts.models import (
     ReplacementResult,
     RequeueRequest,
     RequeueResult,
+    ReturnToServiceRequest,
     SignalRequest,
     SlurmJob,
     SlurmNode,
@@ -70,6 +75,7 @@ class StandIns:
         self.earlier_application_incidents = earlier_application_incidents
         self.real_classify, self.real_count = classify, count_application_incidents
         self.calls: list[str] = []
+        self.recorded: list[str] = []  # outcomes handed to the metrics
         self.checkpoint_looks = 0
 
     def activities(self) -> list:
@@ -101,6 +107,10 @@ class StandIns:
         @activity.defn(name="mark_node_down")
         async def mark_node_down(req: NodeRequest) -> NodeFenceResult:
             return await fence(req, "mark_node_down")
+
+        @activity.defn(name="record_incident")
+        async def record_incident(report: IncidentReport) -> None:
+            self.recorded.append(report.outcome)
 
         @activity.defn(name="return_to_service")
         async def return_to_service(req: NodeRequest) -> RepairCheck:
@@ -148,7 +158,7 @@ class StandIns:
                                    restart_count_before=0, restart_count_after=1,
                                    nodes_before=JOB.nodes, nodes_after=["gpu-1", "gpu-3"])
 
-        return [classify_fault, count_application_incidents, return_to_service, drain_node, mark_node_down, find_jobs, signal_job, wait_for_checkpoint,
+        return [classify_fault, count_application_incidents, record_incident, return_to_service, drain_node, mark_node_down, find_jobs, signal_job, wait_for_checkpoint,
                 requeue_job, request_replacement, wait_for_spare, verify_restart]
 
 
@@ -163,7 +173,13 @@ async def incident(env, stand_ins: StandIns, xid: int, grace: float = 600.0, *, 
         # the time-skipping test server cannot register search attributes
         policy = RecoveryPolicy(degrading_grace_seconds=grace, spare_nodes=["gpu-5"],
                                 **{"search_attributes": False, **policy})
-        yield await raise_alert(env.client, alert, task_queue, policy)
+        handle = await raise_alert(env.client, alert, task_queue, policy)
+        yield handle
+        # Let the return-to-service child finish on this worker: an activity left without a
+        # worker would stop the test server from skipping time for the next test.
+        report = await handle.result()
+        if report.return_to_service:
+            await env.client.get_workflow_handle(report.return_to_service).result()
 
 
 async def run_incident(env, stand_ins: StandIns, xid: int, grace: float = 600.0, **options):
@@ -246,16 +262,18 @@ async def until_awaiting(handle, gate: str):
 
 
 async def test_an_unanswered_gate_takes_the_safe_default(time_skipping_env):
-    """Nobody answers within the policy's hour: stay drained, kill nothing, and say so."""
+    """Nobody answers within the policy's deadline: stay drained, kill nothing, and say so. (A
+    short deadline in real time: the test server's time skipping hung here now and then.)"""
     stand_ins = StandIns(FaultClass.FATAL)
-    report = await run_incident(time_skipping_env, stand_ins, xid=79, approval_required=["requeue"])
-    assert report.outcome.startswith("denied: requeue (policy: no answer within 3600 s: deny by default)")
+    report = await run_incident(time_skipping_env, stand_ins, xid=79, approval_required=["requeue"],
+                                approval_timeout_seconds=2)
+    assert report.outcome.startswith("denied: requeue (policy: no answer within 2 s: deny by default)")
     assert "requeue_job" not in stand_ins.calls and "mark_node_down" not in stand_ins.calls
     assert stand_ins.calls == ["drain_node", "signal_job USR1"]
     [decision] = report.decisions
     assert (decision.kind, decision.gate, decision.actor) == ("deny", "requeue", "policy")
     gate = phase(report, "approval_requeue")
-    assert (gate.ended_at - gate.started_at).total_seconds() >= 3600
+    assert (gate.ended_at - gate.started_at).total_seconds() >= 2
 
 
 async def test_an_approved_requeue_goes_ahead_and_records_who_and_why(time_skipping_env):
@@ -379,3 +397,44 @@ async def test_xid_154_follows_the_drivers_recommended_action(time_skipping_env)
         "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"))
     assert (report.fault_class.value, report.outcome) == ("fatal", "recovered")
     assert "requeue_job" in stand_ins.calls
+
+
+# --- return to service on Kubernetes ---------------------------------------------------------
+
+
+async def test_return_to_service_unfences_the_kubernetes_node_once_healthy(time_skipping_env):
+    """The Node stays fenced while the health check fails (looked at again on a durable timer;
+    short and in real time: after several tests the test server stopped skipping time here),
+    is unfenced once, when it passes, and the Slurm node is then resumed."""
+    looks: list[str] = []
+
+    @activity.defn(name="check_node_health")
+    async def check_node_health(node: str) -> NodeHealth:
+        looks.append("health")
+        healthy = looks.count("health") >= 3  # repaired before the third look
+        return NodeHealth(node=node, healthy=healthy, detail="healthy" if healthy else "GPU 3 missing")
+
+    @activity.defn(name="unfence_k8s_node")
+    async def unfence_k8s_node(req: K8sNodeRequest) -> K8sUnfenceResult:
+        looks.append(f"unfence {req.node}")
+        return K8sUnfenceResult(node=req.node, changed=True, restored=None, detail="restored",
+                                actions=[action("unfence_k8s_node")])
+
+    @activity.defn(name="return_to_service")
+    async def return_to_service(req: NodeRequest) -> RepairCheck:
+        looks.append("slurm")
+        done = "unfence k8s-gpu-2" in looks
+        return RepairCheck(node=req.node, returned=done, final=done, detail="resumed" if done else "slurmd down")
+
+    ctx = ActionContext(incident_id="gpu-2-1", owner="recovery", actor="recovery policy", reason="test", xid=79)
+    task_queue = f"rts-{uuid.uuid4()}"
+    async with Worker(time_skipping_env.client, task_queue=task_queue, workflows=[ReturnToServiceWorkflow],
+                      activities=[check_node_health, unfence_k8s_node, return_to_service]):
+        result = await time_skipping_env.client.execute_workflow(
+            ReturnToServiceWorkflow.run,
+            ReturnToServiceRequest(node="gpu-2", ctx=ctx, poll_seconds=0.2, kubernetes_node="k8s-gpu-2",
+                                   give_up_at=NOW.replace(year=2100)),
+            id=f"return-to-service-{uuid.uuid4()}", task_queue=task_queue,
+        )
+    assert looks == ["health", "slurm", "health", "slurm", "health", "unfence k8s-gpu-2", "slurm"]
+    assert result.returned and [a.action for a in result.actions] == ["unfence_k8s_node"]
