@@ -71,7 +71,9 @@ async def test_application_xid_leaves_node_and_job_alone(drill, recovery_worker)
     r = result.report
     assert (r.fault_class.value, r.action, r.outcome) == ("application", "none", "no_node_action")
     assert result.passed, result.checks
-    assert [p.name for p in r.phases] == ["classify"]
+    # Counted, not acted on: one incident on this GPU (two on a session's second Slurm generation).
+    assert [p.name for p in r.phases] == ["classify", "count_application_xids"]
+    assert " of 3 application XID(s) on GPU (unnamed)" in r.phases[-1].result
     assert r.actions == []
 
 
