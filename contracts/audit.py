@@ -24,6 +24,9 @@ audit_log = logging.getLogger("training_recovery.audit")
 
 _JOB_TARGET = re.compile(r"^job (\d+)$")
 
+# policy: decided by the controller's rules; operator: a person's command.
+ActorKind = Literal["policy", "operator"]
+
 
 class AuditEvent(Contract):
     """One line of the audit log. The fields of ActionRecord, plus where and by whom."""
@@ -40,8 +43,7 @@ class AuditEvent(Contract):
     reason: str
     node: str | None = None
     job: int | None = None
-    actor_kind: Literal["policy", "operator"] = Field(
-        description="policy: decided by the controller's rules; operator: a person's command")
+    actor_kind: ActorKind
     parameters: dict[str, JsonValue] = Field(default_factory=dict)
     result: str
     event_id: str | None = Field(

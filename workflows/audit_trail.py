@@ -22,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import JsonValue
 
     from activities.audit import write_audit
-    from contracts.audit import AuditEvent
+    from contracts.audit import ActorKind, AuditEvent
 
 AUDIT_WRITE = dict(
     start_to_close_timeout=timedelta(seconds=10),
@@ -39,7 +39,7 @@ class AuditTrail:
         self._pending: list[asyncio.Task[None]] = []
 
     def decision(self, action: str, *, incident: str | None, node: str | None, reason: str, result: str,
-                 actor: str = "policy", actor_kind: str = "policy", job: int | None = None,
+                 actor: str = "policy", actor_kind: ActorKind = "policy", job: int | None = None,
                  parameters: dict[str, JsonValue] | None = None) -> None:
         info = workflow.info()
         self._written += 1

@@ -5,8 +5,8 @@ the node is a quarantined lemon. One lease per incident id.
 What NodeRecoveryWorkflow adds to use it (names from this module, workflows/notify.py and
 contracts/budget.py):
 
-1. The lease and the handler through which the budget tells the incident of later changes
-   (granted after waiting, expired):
+1. The lease, and the handler through which the budget answers each request and tells of later
+   changes (granted after waiting, expired):
 
        # __init__
        self._lease = BudgetLease()
@@ -17,7 +17,9 @@ contracts/budget.py):
 
 2. In _recover, after find_jobs (the jobs it will disrupt are known) and before the first
    destructive step (the SIGUSR1, requeue and mark-down that follow), with the node's partitions
-   and their sizes from Slurm:
+   and their sizes from Slurm. Over budget, the incident waits, fenced, and asks for approval
+   through its own gate machinery (ApprovalGate gains "budget"; the validator of approve/deny
+   needs self._awaiting set while it waits):
 
        lease = await self._step("budget", self._lease.request(
            self._incident_id, req.node, partitions, running_jobs=len(jobs)))
@@ -25,14 +27,19 @@ contracts/budget.py):
            self._note(f"over budget, waiting (drained, nothing killed): {lease.reason}")
            await notify(Notification(kind=NotificationKind.APPROVAL_NEEDED, incident_id=self._incident_id,
                                      node=req.node, at=workflow.now(), summary=lease.reason))
-           await workflow.wait_condition(
-               lambda: not self._lease.waiting or self._approval is not None or self._aborted)
-           if self._lease.waiting and self._approval is not None:
-               await self._lease.approve_over_budget(self._approval)   # OperatorDecision from `approve`
-       # self._lease.granted is now true unless the incident was aborted while waiting
+           self._answer, self._awaiting = None, ApprovalRequest(gate="budget", question=..., ...)
+           await self._step("budget_wait", self._lease.wait_granted(stop=lambda: self._answer is not None))
+           self._awaiting = None
+           if not self._lease.granted and self._answer.kind == "deny":
+               ... end the incident: node left drained, nothing killed
+           if not self._lease.granted:
+               await self._lease.approve_over_budget(
+                   OperatorDecision(actor=self._answer.actor, reason=self._answer.reason))
 
-   The wait is an ordinary wait_condition: signals, updates and queries keep being handled, for
-   hours if need be, and a worker restart loses nothing.
+   request() returns within moments (the budget answers by signal); wait_granted() is an
+   ordinary wait_condition (no deadline: the budget frees up, or a person answers), so signals,
+   updates and queries keep being handled for hours if need be, an abort cancels it through
+   _step, and a worker restart loses nothing.
 
 3. At the end, whatever the outcome, in run():
 
@@ -42,17 +49,21 @@ contracts/budget.py):
    (a no-op when no lease was asked for; a terminated or crashed incident's lease is reclaimed by
    the budget, which checks that holders still run).
 
-4. Before returning a node to service (never blocked by the budget; the same for a spare that is
-   about to be claimed):
+4. Before returning a node to service (never blocked by the budget), in ReturnToServiceWorkflow
+   before each FencingActivities.return_to_service, and for a spare about to be claimed:
 
-       if (await self._lease.check_quarantine(node)).quarantined:
-           ... leave it out of service; `recovery release-quarantine NODE` is the operator's way back
+       if (await check_quarantine(req.node)).quarantined:
+           ... leave it out of service and look again at the next poll: once an operator has run
+           `recovery release-quarantine NODE`, it may come back
+
+   (the grant's LeaseState.quarantined says the same at the time of the grant).
 
 5. Worker registrations: see docs/safety.md ("Wiring").
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 from temporalio import workflow
@@ -65,7 +76,7 @@ with workflow.unsafe.imports_passed_through():
     from contracts.models import OperatorDecision
     from workflows.fleet_budget import LEASE_STATE_SIGNAL, FleetBudgetWorkflow
 
-__all__ = ["BudgetLease", "LEASE_STATE_SIGNAL"]
+__all__ = ["BudgetLease", "LEASE_STATE_SIGNAL", "check_quarantine"]
 
 # The budget is another workflow on the same cluster: keep asking (a lease is required before any
 # destructive step, so there is no failing open), but never longer than 30 s between attempts.
@@ -73,10 +84,14 @@ BUDGET_CALL = dict(
     start_to_close_timeout=timedelta(seconds=30),
     retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)),
 )
+# Requests are idempotent, so the incident asks again rather than trust that nothing was lost: a
+# budget that was terminated or reset learns of the request anew.
+ANSWER_WITHIN = timedelta(minutes=1)
+ASK_AGAIN_WHILE_WAITING = timedelta(minutes=10)
 
 
 class BudgetLease:
-    """One incident's lease. `state` is the newest LeaseState heard (answer or signal), or None."""
+    """One incident's lease. `state` is the newest LeaseState the budget signalled, or None."""
 
     def __init__(self) -> None:
         self.state: LeaseState | None = None
@@ -91,27 +106,43 @@ class BudgetLease:
         return self.state is not None and self.state.waiting
 
     def on_state(self, state: LeaseState) -> None:
-        """The body of the incident's LEASE_STATE_SIGNAL handler."""
+        """The body of the incident's LEASE_STATE_SIGNAL handler: answers and later changes."""
         if self._request is not None and state.incident_id == self._request.incident_id:
             self._keep_newest(state)
 
     async def request(self, incident_id: str, node: str, partitions: list[PartitionShare],
                       running_jobs: int) -> LeaseState:
-        """Ask for the lease; the answer comes at once: granted, or waiting and why."""
+        """Ask for the lease; the budget's answer comes within moments: granted, or waiting and why."""
         info = workflow.info()
         self._request = LeaseRequest(incident_id=incident_id, node=node, workflow_id=info.workflow_id,
                                      run_id=info.run_id, partitions=partitions, running_jobs=running_jobs)
-        return await self._ask(self._request)
+        await self._ask_until(lambda: self.state is not None, ANSWER_WITHIN)
+        assert self.state is not None
+        return self.state
+
+    async def wait_granted(self, stop: Callable[[], bool] = lambda: False) -> LeaseState:
+        """Wait, durably and as long as it takes, until the lease is granted or `stop()` is true
+        (an operator's approval or abort); the incident's handlers keep running meanwhile."""
+        await self._ask_until(lambda: not self.waiting or stop(), ASK_AGAIN_WHILE_WAITING, ask_first=False)
+        assert self.state is not None
+        return self.state
 
     async def approve_over_budget(self, decision: OperatorDecision) -> LeaseState:
         """An operator approved going over budget: the lease is granted at once, as theirs."""
         assert self._request is not None, "request() first"
-        return await self._ask(self._request.model_copy(update={"approval": decision}))
+        self._request = self._request.model_copy(update={"approval": decision})
+        await self._ask_until(lambda: not self.waiting, ANSWER_WITHIN)
+        assert self.state is not None
+        return self.state
 
     async def release(self, reason: str) -> None:
         """Return the lease, or withdraw the waiting request; idempotent."""
         state = self.state
         if state is None or state.status not in (LeaseStatus.WAITING, LeaseStatus.GRANTED):
+            return
+        if not workflow.in_workflow():
+            # A `finally` run by the garbage collector of a run evicted from this worker's cache:
+            # the incident is not ending, it goes on elsewhere.
             return
         release = LeaseRelease(incident_id=state.incident_id, reason=reason[:500])
         try:
@@ -123,20 +154,31 @@ class BudgetLease:
         self.state = state.model_copy(update={"status": LeaseStatus.RELEASED, "reason": release.reason,
                                               "ended_at": workflow.now()})
 
-    async def check_quarantine(self, node: str) -> QuarantineStatus:
-        """Ask the budget now (an operator may have released the node since the lease was granted)."""
-        return await workflow.execute_activity_method(
-            BudgetActivities.check_quarantine, node, summary=f"Is {node} a quarantined lemon?", **BUDGET_CALL)
+    async def _ask_until(self, done: Callable[[], bool], every: timedelta, ask_first: bool = True) -> None:
+        if ask_first:
+            await self._send_request()
+        while not done():
+            try:
+                await workflow.wait_condition(done, timeout=every)
+            except TimeoutError:
+                await self._send_request()
 
-    async def _ask(self, request: LeaseRequest) -> LeaseState:
-        self._keep_newest(await workflow.execute_activity_method(
-            BudgetActivities.request_lease, request,
-            summary=f"Ask the fleet budget to put {request.node} under remediation", **BUDGET_CALL,
-        ))
-        assert self.state is not None
-        return self.state
+    async def _send_request(self) -> None:
+        assert self._request is not None
+        await workflow.execute_activity_method(
+            BudgetActivities.request_lease, self._request,
+            summary=f"Ask the fleet budget to put {self._request.node} under remediation", **BUDGET_CALL,
+        )
 
     def _keep_newest(self, state: LeaseState) -> None:
-        # The answer to a request and a later signal can arrive in either order.
-        if self.state is None or state.version > self.state.version:
+        # Answers to repeated requests repeat the state they had: keep only a newer one, or the
+        # first word of a budget started anew (which knows only what it was asked since).
+        if self.state is None or state.budget_epoch != self.state.budget_epoch or state.version > self.state.version:
             self.state = state
+
+
+async def check_quarantine(node: str) -> QuarantineStatus:
+    """Whether the node is a quarantined lemon, asked of the budget now (an operator may have
+    released it since). For any workflow about to return a node to service."""
+    return await workflow.execute_activity_method(
+        BudgetActivities.check_quarantine, node, summary=f"Is {node} a quarantined lemon?", **BUDGET_CALL)

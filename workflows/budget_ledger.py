@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from contracts.audit import ActorKind
 from contracts.budget import (
-    ActorKind,
     BlockedBy,
     BudgetPolicy,
     BudgetState,
@@ -40,9 +40,10 @@ FINISHED_KEPT = 500
 
 
 class BudgetLedger:
-    def __init__(self, state: BudgetState, budget_workflow_id: str):
+    def __init__(self, state: BudgetState, budget_workflow_id: str, budget_epoch: str):
         self.state = state
         self._budget_workflow_id = budget_workflow_id
+        self._budget_epoch = budget_epoch
 
     @property
     def policy(self) -> BudgetPolicy:
@@ -115,7 +116,8 @@ class BudgetLedger:
             events += self._count_incident(req.node, req.incident_id, now)
             lease = Lease(request=req, state=LeaseState(
                 incident_id=req.incident_id, node=req.node, workflow_id=req.workflow_id, run_id=req.run_id,
-                budget_workflow_id=self._budget_workflow_id, status=LeaseStatus.WAITING, version=0,
+                budget_workflow_id=self._budget_workflow_id, budget_epoch=self._budget_epoch,
+                status=LeaseStatus.WAITING, version=0,
                 requested_at=now, running_jobs=req.running_jobs, partitions=[p.name for p in req.partitions],
                 quarantined=self.quarantined(req.node),
             ))

@@ -4,22 +4,27 @@ in workflows/budget_ledger.py, every side effect an activity. docs/safety.md has
 
 Protocol (the incident's side is workflows/budget_lease.py):
 
-- update `request_lease(LeaseRequest) -> LeaseState`, sent by the activity `request_lease` as
-  update-with-start (the budget starts with the first request). It answers at once: granted, or
-  waiting and why. Keyed by incident id: a repeated request returns the same lease.
-- signal `fleet_budget_lease_state(LeaseState)` to the incident's run, when its lease changes
-  later: granted after waiting, or expired.
+- signal `request_lease(LeaseRequest)`, sent by the activity `request_lease` as signal-with-start
+  (the budget starts with the first request). Keyed by incident id: a repeated request changes
+  nothing and is answered again.
+- signal `fleet_budget_lease_state(LeaseState)` to the incident's run: the answer to every
+  request (granted, or waiting and why), and every later change (granted after waiting, expired).
 - signal `release_lease(LeaseRelease)` from the incident (an external signal, no activity), at its
   end; withdraws a waiting request too. Idempotent.
 - update `release_quarantine(QuarantineRelease) -> QuarantineStatus` (an operator; rejected when
   the node is not quarantined), update `set_policy(BudgetPolicy) -> BudgetStatus` (the worker
   at start-up), queries `status`, `timeline`, `quarantine(node)`, `lease(incident_id)`.
 
+Requests are signals, not updates: Temporal admits at most 10 updates in flight per workflow
+(a storm of 100 failures would be refused and retried), and aborts those in flight when the
+workflow continues as new; signals are queued durably whatever their number, and none is lost
+to continue-as-new.
+
 Leases are reclaimed without their holder: every holder_check_seconds the activity
 `find_closed_holders` describes the runs that hold or wait for a lease, and a closed run loses
 both (a crashed, terminated or timed-out incident); a lease held longer than lease_max_seconds
-expires (a stuck incident), and its incident is told. A grant signalled to a closed run also
-reclaims the lease at once. Both are deterministic: they act on activity results and timers.
+expires (a stuck incident), and its incident is told. A signal to a closed run also reclaims its
+lease at once. Both are deterministic: they act on activity results, signal outcomes and timers.
 
 The budget continues as new when its history passes policy.history_limit events (or Temporal
 suggests it), carrying its whole state, once nothing is in flight: no signal or notification
@@ -59,9 +64,10 @@ from workflows.audit_trail import AuditTrail
 from workflows.notify import notify
 
 FLEET_BUDGET_WORKFLOW_ID = "fleet-budget"
-# The incident workflow's signal handler for its lease's changes (workflows/budget_lease.py).
+# The incident workflow's signal handler for the answers to its requests and its lease's later
+# changes (workflows/budget_lease.py).
 LEASE_STATE_SIGNAL = "fleet_budget_lease_state"
-# Called by name: activities/budget.py imports this module for the budget's typed updates.
+# Called by name: activities/budget.py imports this module for the budget's typed signals and updates.
 FIND_CLOSED_HOLDERS = "find_closed_holders"
 
 HOLDER_CHECK = dict(
@@ -81,7 +87,8 @@ AUDIT_ACTIONS = {
     TimelineKind.QUARANTINE_RELEASED: "quarantine_released",
     TimelineKind.POLICY_CHANGED: "budget_policy_changed",
 }
-# Lease changes the incident hears of by signal (the others it caused itself, or cannot hear).
+# Lease changes the incident hears of besides the answers to its requests (the others it caused
+# itself, or it has closed).
 TOLD_TO_INCIDENT = {TimelineKind.GRANTED, TimelineKind.EXPIRED}
 
 
@@ -89,7 +96,9 @@ TOLD_TO_INCIDENT = {TimelineKind.GRANTED, TimelineKind.EXPIRED}
 class FleetBudgetWorkflow:
     @workflow.init
     def __init__(self, inp: FleetBudgetInput) -> None:
-        self._ledger = BudgetLedger(inp.state or BudgetState(policy=inp.policy), workflow.info().workflow_id)
+        info = workflow.info()
+        self._ledger = BudgetLedger(inp.state or BudgetState(policy=inp.policy), info.workflow_id,
+                                    budget_epoch=info.first_execution_run_id)
         self._audit = AuditTrail()
         self._to_tell: list[str] = []
         self._to_notify: list[Notification] = []
@@ -99,12 +108,10 @@ class FleetBudgetWorkflow:
 
     # --- the incidents' side ------------------------------------------------------------------
 
-    @workflow.update
-    def request_lease(self, req: LeaseRequest) -> LeaseState:
-        self._decided(self._ledger.request(req, workflow.now()), answered=req.incident_id)
-        state = self._ledger.lease_state(req.incident_id)
-        assert state is not None
-        return state
+    @workflow.signal
+    def request_lease(self, req: LeaseRequest) -> None:
+        self._to_tell.append(req.incident_id)  # the answer, whether or not anything changed
+        self._decided(self._ledger.request(req, workflow.now()))
 
     @workflow.signal
     def release_lease(self, release: LeaseRelease) -> None:
@@ -166,7 +173,7 @@ class FleetBudgetWorkflow:
                     state = self._ledger.compacted(workflow.now())
                     workflow.continue_as_new(FleetBudgetInput(policy=state.policy, state=state))
 
-    def _decided(self, events: list[TimelineEvent], answered: str | None = None) -> None:
+    def _decided(self, events: list[TimelineEvent]) -> None:
         """Audit every decision, queue what incidents and the webhook must hear, and wake the loop
         when it has something to send, a deadline came closer than the one it sleeps until, or
         the history is long enough to continue as new."""
@@ -176,7 +183,7 @@ class FleetBudgetWorkflow:
                 result=event.kind.value, actor=event.actor, actor_kind=event.actor_kind,
                 parameters={"holders": event.holders, "seq": event.seq},
             )
-            if event.kind in TOLD_TO_INCIDENT and event.incident_id != answered:
+            if event.kind in TOLD_TO_INCIDENT:
                 self._to_tell.append(event.incident_id)
             if event.kind == TimelineKind.QUARANTINED and self._ledger.policy.notifications:
                 self._to_notify.append(_quarantine_notification(event))

@@ -1,0 +1,114 @@
+"""The activities and client calls around FleetBudgetWorkflow, through the Temporal client.
+
+Activities (registered on the worker): `request_lease` (signal-with-start: the budget starts with
+the first request of the namespace), `check_quarantine` (for the incident, before it returns a
+node to service) and `find_closed_holders` (for the budget's lease expiry).
+
+Client calls (for the worker and the CLI): ensure_fleet_budget() at worker start-up, so that the
+running budget has the configured policy; release_quarantine() for
+`recovery release-quarantine NODE`; fleet_budget_status().
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio import activity
+from temporalio.client import Client, WithStartWorkflowOperation, WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import FailureError
+from temporalio.service import RPCError, RPCStatusCode
+
+from contracts.budget import (
+    BudgetPolicy,
+    BudgetStatus,
+    FleetBudgetInput,
+    HolderRef,
+    LeaseRequest,
+    QuarantineRelease,
+    QuarantineStatus,
+)
+from workflows.fleet_budget import FIND_CLOSED_HOLDERS, FLEET_BUDGET_WORKFLOW_ID, FleetBudgetWorkflow
+
+# Describe calls in flight at once while checking holders: a storm's hundred waiters, politely.
+DESCRIBE_CONCURRENCY = 8
+BUDGET_SUMMARY = "Fleet disruption budget and lemon list"
+
+
+class BudgetActivities:
+    def __init__(self, client: Client, policy: BudgetPolicy, task_queue: str,
+                 workflow_id: str = FLEET_BUDGET_WORKFLOW_ID):
+        self._client = client
+        self._policy = policy
+        self._task_queue = task_queue
+        self._workflow_id = workflow_id
+
+    @activity.defn
+    async def request_lease(self, req: LeaseRequest) -> None:
+        """Hand the request to the budget, starting it if it is not running. The budget answers
+        the incident by signal."""
+        await self._client.start_workflow(
+            FleetBudgetWorkflow.run, FleetBudgetInput(policy=self._policy), id=self._workflow_id,
+            task_queue=self._task_queue, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            start_signal="request_lease", start_signal_args=[req], static_summary=BUDGET_SUMMARY,
+        )
+
+    @activity.defn
+    async def check_quarantine(self, node: str) -> QuarantineStatus:
+        """Whether the node is a lemon; no budget running means no incident was ever counted."""
+        handle = self._client.get_workflow_handle_for(FleetBudgetWorkflow.run, self._workflow_id)
+        try:
+            return await handle.query(FleetBudgetWorkflow.quarantine, node)
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            return QuarantineStatus(node=node, quarantined=False)
+
+    @activity.defn(name=FIND_CLOSED_HOLDERS)
+    async def find_closed_holders(self, holders: list[HolderRef]) -> list[HolderRef]:
+        """The runs among `holders` that are no longer running (or are gone from Temporal)."""
+        limit = asyncio.Semaphore(DESCRIBE_CONCURRENCY)
+
+        async def closed(ref: HolderRef) -> bool:
+            async with limit:
+                try:
+                    description = await self._client.get_workflow_handle(ref.workflow_id, run_id=ref.run_id).describe()
+                except RPCError as err:
+                    if err.status != RPCStatusCode.NOT_FOUND:
+                        raise
+                    return True
+            return description.status != WorkflowExecutionStatus.RUNNING
+
+        found = await asyncio.gather(*(closed(ref) for ref in holders))
+        return [ref for ref, is_closed in zip(holders, found) if is_closed]
+
+
+async def ensure_fleet_budget(client: Client, policy: BudgetPolicy, task_queue: str,
+                              workflow_id: str = FLEET_BUDGET_WORKFLOW_ID) -> BudgetStatus:
+    """Start the budget if it is not running, and give it this policy (idempotent)."""
+    start = WithStartWorkflowOperation(
+        FleetBudgetWorkflow.run, FleetBudgetInput(policy=policy), id=workflow_id, task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, static_summary=BUDGET_SUMMARY,
+    )
+    return await client.execute_update_with_start_workflow(FleetBudgetWorkflow.set_policy, policy,
+                                                           start_workflow_operation=start)
+
+
+async def release_quarantine(client: Client, node: str, actor: str, reason: str,
+                             workflow_id: str = FLEET_BUDGET_WORKFLOW_ID) -> QuarantineStatus:
+    """An operator returns a lemon to automatic handling. ValueError when it is not quarantined."""
+    release = QuarantineRelease(node=node, actor=actor, reason=reason)
+    handle = client.get_workflow_handle_for(FleetBudgetWorkflow.run, workflow_id)
+    try:
+        return await handle.execute_update(FleetBudgetWorkflow.release_quarantine, release)
+    except WorkflowUpdateFailedError as err:
+        refusal = err.cause  # the budget's validator: the node is not quarantined
+        raise ValueError(refusal.message if isinstance(refusal, FailureError) else str(err)) from err
+    except RPCError as err:
+        if err.status != RPCStatusCode.NOT_FOUND:
+            raise
+        raise ValueError(f"node {node} is not quarantined (no fleet budget is running)") from err
+
+
+async def fleet_budget_status(client: Client, workflow_id: str = FLEET_BUDGET_WORKFLOW_ID) -> BudgetStatus:
+    return await client.get_workflow_handle_for(FleetBudgetWorkflow.run, workflow_id).query(FleetBudgetWorkflow.status)

@@ -1,0 +1,538 @@
+"""FleetBudgetWorkflow and its protocol, driven by stand-in incident workflows (defined here) that
+follow the protocol of workflows/budget_lease.py: ask for a lease, wait for it, hold it a while,
+return it.
+
+Where timers matter (hold times, lease expiry, holder checks, the disrupted-jobs window, the lemon
+window) the tests run on Temporal's time-skipping test server, and start every incident before
+awaiting any result: awaiting a result lets the server skip time, and with no timer left anywhere
+it skips ten years, to its default run timeout, which would end the budget (ClockAnchor keeps a
+timer within the hour for the same reason). The storm, continue-as-new, the operator's updates and
+a notification that outlives its sender run on the real dev server: around those the time-skipping
+server lost updates, or skipped no more time for the tests that followed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import uvicorn
+from pydantic import BaseModel, Field
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from temporalio import activity, workflow
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.service import RPCError
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer, Worker
+
+from activities.audit import write_audit
+from activities.budget import BudgetActivities, fleet_budget_status, release_quarantine
+from activities.notify import NotifyActivities
+from contracts.audit import configure_sink, remove_sink
+from contracts.budget import (
+    BudgetPolicy,
+    LeaseRelease,
+    LeaseRequest,
+    LeaseState,
+    LeaseStatus,
+    Notification,
+    NotificationKind,
+    PartitionShare,
+    QuarantineStatus,
+    TimelineEvent,
+    TimelineKind,
+    WebhookTarget,
+)
+from workflows.budget_lease import LEASE_STATE_SIGNAL, BudgetLease, check_quarantine
+from workflows.fleet_budget import FleetBudgetWorkflow
+from workflows.notify import NotificationWorkflow, notification_workflow_id, notify
+
+# --- stand-in incidents -----------------------------------------------------------------------
+
+
+class StandInPlan(BaseModel):
+    incident_id: str
+    node: str
+    partitions: list[PartitionShare] = Field(default_factory=list)
+    running_jobs: int = 0
+    delay_seconds: float = Field(0.0, description="before asking: for incidents that arrive later")
+    hold_seconds: float = Field(60.0, description="the lease, or until the `finish` signal")
+    check_quarantine: bool = False
+
+
+class StandInResult(BaseModel):
+    answer: LeaseState = Field(description="the budget's answer to the request")
+    held: LeaseState = Field(description="the lease once it stopped waiting")
+    end: LeaseState | None = Field(description="the lease when the hold ended: granted, or expired meanwhile")
+    heard: list[LeaseState] = Field(description="states signalled by the budget: answers and changes")
+    quarantine: QuarantineStatus | None = None
+
+
+@workflow.defn(sandboxed=False)
+class StandInIncident:
+    """An incident reduced to the budget protocol: request, wait, hold, release (in `finally`)."""
+
+    def __init__(self) -> None:
+        self._lease = BudgetLease()
+        self._heard: list[LeaseState] = []
+        self._finish = False
+
+    @workflow.signal(name=LEASE_STATE_SIGNAL)
+    def fleet_budget_lease_state(self, state: LeaseState) -> None:
+        self._heard.append(state)
+        self._lease.on_state(state)
+
+    @workflow.signal
+    def finish(self) -> None:
+        self._finish = True
+
+    @workflow.run
+    async def run(self, plan: StandInPlan) -> StandInResult:
+        if plan.delay_seconds:
+            await workflow.sleep(plan.delay_seconds)
+        try:
+            answer = await self._lease.request(plan.incident_id, plan.node, plan.partitions, plan.running_jobs)
+            held = await self._lease.wait_granted()
+            with suppress(TimeoutError):
+                await workflow.wait_condition(lambda: self._finish, timeout=plan.hold_seconds)
+            quarantine = await check_quarantine(plan.node) if plan.check_quarantine else None
+            return StandInResult(answer=answer, held=held, end=self._lease.state, heard=self._heard,
+                                 quarantine=quarantine)
+        finally:
+            await self._lease.release("stand-in incident ended")
+
+
+@workflow.defn(sandboxed=False)
+class ClockAnchor:
+    """Keeps a timer at most an hour ahead while a test runs: with every other workflow idle, the
+    time-skipping server then skips an hour, not ten years to its default run timeout (which
+    would end the budget, and leaves the server refusing to skip time for the tests after)."""
+
+    def __init__(self) -> None:
+        self._stop = False
+
+    @workflow.signal
+    def stop(self) -> None:
+        self._stop = True
+
+    @workflow.run
+    async def run(self) -> None:
+        while not self._stop:
+            with suppress(TimeoutError):
+                await workflow.wait_condition(lambda: self._stop, timeout=timedelta(hours=1))
+
+
+@workflow.defn(sandboxed=False)
+class NotifyingCaller:
+    """Sends a notification and ends: the delivery must not hold it up."""
+
+    @workflow.run
+    async def run(self, notification: Notification) -> str:
+        await notify(notification)
+        return "done"
+
+
+# --- the fleet under test ---------------------------------------------------------------------
+
+
+@dataclass
+class Fleet:
+    client: Client
+    task_queue: str
+    budget_id: str
+
+    def plan(self, n: int, node: str | None = None, **fields) -> StandInPlan:
+        node = node or f"gpu-{n}"
+        return StandInPlan(incident_id=f"{node}-{self.budget_id}-{n}", node=node, **fields)
+
+    async def start(self, plan: StandInPlan) -> WorkflowHandle:
+        return await self.client.start_workflow(
+            StandInIncident.run, plan, id=f"incident-{plan.incident_id}", task_queue=self.task_queue,
+            result_type=StandInResult)
+
+    async def incident(self, plan: StandInPlan) -> StandInResult:
+        """One incident, start to end (on the dev server: see the module's docstring)."""
+        return await (await self.start(plan)).result()
+
+    @property
+    def budget(self) -> WorkflowHandle:
+        return self.client.get_workflow_handle_for(FleetBudgetWorkflow.run, self.budget_id)
+
+    async def end_budget(self) -> None:
+        """The budget runs forever: end it with the test, so that nothing of it outlives its
+        worker. Cancelled, not terminated: after a budget was terminated, the time-skipping server
+        skipped no more time for the rest of the session (a cancelled budget ends in a workflow
+        task of its own)."""
+        try:
+            await self.budget.cancel()
+        except RPCError:  # never started: the test asked for no lease
+            return
+        for _ in range(500):
+            if (await self.budget.describe()).status != WorkflowExecutionStatus.RUNNING:
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("the budget did not end when cancelled")
+
+    async def timeline(self) -> list[TimelineEvent]:
+        return await self.budget.query(FleetBudgetWorkflow.timeline)
+
+    async def wait_for(self, kind: TimelineKind, count: int = 1) -> list[TimelineEvent]:
+        return [e for e in await self.wait_for_events(count, kind) if e.kind == kind]
+
+    async def wait_for_events(self, count: int, kind: TimelineKind | None = None) -> list[TimelineEvent]:
+        """The timeline, once it has `count` events (of `kind`, if given)."""
+        for _ in range(500):
+            with suppress(RPCError):  # the budget starts with the first request
+                timeline = await self.timeline()
+                if sum(kind is None or e.kind == kind for e in timeline) >= count:
+                    return timeline
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"no {count} {kind or ''} event(s) in the budget's timeline")
+
+
+@asynccontextmanager
+async def fleet(env, policy: BudgetPolicy, webhook: WebhookTarget | None = None,
+                request_lease: Callable[[BudgetActivities], Callable] | None = None):
+    """A worker with the budget's workflows and activities on a task queue of its own, and a
+    budget of its own (the id is the test's, not the namespace-wide `fleet-budget`).
+    `request_lease` replaces that activity with one built around the real one."""
+    task_queue = f"budget-{uuid.uuid4()}"
+    budget_id = f"fleet-budget-{uuid.uuid4().hex[:8]}"
+    budget = BudgetActivities(env.client, policy, task_queue, workflow_id=budget_id)
+    notifier = NotifyActivities(webhook)
+    activities = [request_lease(budget) if request_lease else budget.request_lease, budget.check_quarantine,
+                  budget.find_closed_holders, notifier.deliver_notification, write_audit]
+    under_test = Fleet(env.client, task_queue, budget_id)
+    try:
+        async with Worker(env.client, task_queue=task_queue, activities=activities, max_concurrent_activities=50,
+                          workflows=[FleetBudgetWorkflow, NotificationWorkflow, StandInIncident, NotifyingCaller,
+                                     ClockAnchor]):
+            anchor = await env.client.start_workflow(ClockAnchor.run, id=f"clock-{budget_id}", task_queue=task_queue)
+            yield under_test
+            await under_test.end_budget()
+            await anchor.signal(ClockAnchor.stop)
+            await anchor.result()
+    finally:
+        await notifier.aclose()
+
+
+@pytest_asyncio.fixture
+async def audit_file(tmp_path: Path):
+    path = tmp_path / "audit.jsonl"
+    sink = configure_sink(path)
+    yield path
+    remove_sink(sink)
+
+
+async def results_of(handles: list[WorkflowHandle]) -> list:
+    """One after the other: the time-skipping server lets one client call at a time skip time."""
+    return [await handle.result() for handle in handles]
+
+
+def audit_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def concurrent_holders(timeline: list[TimelineEvent]) -> list[int]:
+    """Leases held after each event, counted from grants and returns alone."""
+    held, counts = 0, []
+    for event in timeline:
+        if event.kind == TimelineKind.GRANTED:
+            held += 1
+        elif event.kind in (TimelineKind.RELEASED, TimelineKind.EXPIRED, TimelineKind.RECLAIMED):
+            held -= 1
+        counts.append(held)
+    return counts
+
+
+# --- the storm --------------------------------------------------------------------------------
+
+
+async def test_storm_of_100_failures_never_more_than_5_in_remediation(temporal_env, audit_file):
+    # A short history limit: the budget continues as new several times during the storm.
+    policy = BudgetPolicy(max_nodes=5, max_disrupted_jobs=1000, history_limit=600)
+    async with fleet(temporal_env, policy) as f:
+        plans = [f.plan(n, running_jobs=n % 3, hold_seconds=0.05 + (n % 7) * 0.05) for n in range(100)]
+        handles = await asyncio.gather(*(f.start(p) for p in plans))
+        results = await results_of(handles)
+        timeline = await f.timeline()
+        status = await fleet_budget_status(f.client, f.budget_id)
+
+    assert len(results) == 100 and all(r.held.granted for r in results)
+    counts = concurrent_holders(timeline)
+    assert max(counts) == 5 and counts[-1] == 0
+    assert all(e.holders <= 5 for e in timeline)
+    per_kind = Counter(e.kind for e in timeline)
+    assert per_kind[TimelineKind.GRANTED] == per_kind[TimelineKind.RELEASED] == 100
+    assert per_kind[TimelineKind.QUEUED] >= 90  # a storm: nearly all had to wait
+    assert not per_kind[TimelineKind.EXPIRED] and not per_kind[TimelineKind.RECLAIMED]
+    assert sorted(e.incident_id for e in timeline if e.kind == TimelineKind.GRANTED) == sorted(p.incident_id for p in plans)
+    # Every request was answered, and each waiting incident heard of its grant later, once.
+    assert sum(len(r.heard) for r in results) == 100 + per_kind[TimelineKind.QUEUED]
+    assert status.holders == [] and status.waiting == [] and status.continued_as_new >= 1
+    assert [e.seq for e in timeline] == list(range(1, len(timeline) + 1))  # nothing lost across runs
+    granted_lines = {line["event_id"]: line for line in audit_lines(audit_file) if line["action"] == "lease_granted"}
+    assert len(granted_lines) == 100
+    assert {line["actor_kind"] for line in granted_lines.values()} == {"policy"}
+
+
+# --- the budget's other limits ----------------------------------------------------------------
+
+
+async def test_a_partition_fraction_limits_its_nodes(time_skipping_env):
+    policy = BudgetPolicy(max_nodes=10, partition_fraction=0.25)
+    async with fleet(time_skipping_env, policy) as f:
+        gpu = [PartitionShare(name="gpu", size=8)]  # 0.25 of 8: 2 nodes at once
+        plans = [f.plan(n, partitions=gpu, hold_seconds=600) for n in range(3)]
+        plans.append(f.plan(3, partitions=[PartitionShare(name="cpu", size=8)], hold_seconds=60))
+        handles = []
+        for arrived, plan in enumerate(plans, start=1):
+            handles.append(await f.start(plan))
+            await f.wait_for_events(arrived)  # in this order
+        results = await results_of(handles)
+        timeline = await f.timeline()
+
+    assert [r.answer.status for r in results] == ["granted", "granted", "waiting", "granted"]
+    assert results[2].answer.reason == "partition gpu: 2 of its 2 node(s) under remediation (of 8 nodes)"
+    assert results[2].held.granted_at - results[0].held.granted_at >= timedelta(seconds=600)
+    gpu_incidents = {p.incident_id for p in plans[:3]}
+    assert max(concurrent_holders([e for e in timeline if e.incident_id in gpu_incidents])) == 2
+
+
+async def test_disrupted_jobs_per_window_hold_the_next_incident_until_the_window_passes(time_skipping_env):
+    policy = BudgetPolicy(max_nodes=10, max_disrupted_jobs=5, disruption_window_seconds=3600)
+    async with fleet(time_skipping_env, policy) as f:
+        handles = [await f.start(f.plan(1, running_jobs=3, hold_seconds=60)),
+                   await f.start(f.plan(2, running_jobs=3, hold_seconds=60, delay_seconds=10))]
+        first, second = await results_of(handles)
+
+    assert second.answer.waiting and second.answer.reason.startswith("3 running jobs disrupted in the last 3600 s")
+    # Granted by the budget's own timer once the first disruption left the window, an hour later.
+    assert second.held.granted_at - first.held.granted_at >= timedelta(hours=1)
+    assert second.heard[-1].granted
+
+
+# --- leases that are not returned -------------------------------------------------------------
+
+
+async def test_a_crashed_holders_lease_is_reclaimed_and_the_next_incident_proceeds(time_skipping_env):
+    policy = BudgetPolicy(max_nodes=1, holder_check_seconds=60, lease_max_seconds=24 * 3600)
+    async with fleet(time_skipping_env, policy) as f:
+        crashed = await f.start(f.plan(1, hold_seconds=7 * 24 * 3600))
+        await f.wait_for(TimelineKind.GRANTED)
+        waiting = await f.start(f.plan(2, hold_seconds=60))
+        await f.wait_for(TimelineKind.QUEUED)
+        await crashed.terminate("node's incident crashed")  # never returns its lease
+        result = await waiting.result()
+        timeline = await f.timeline()
+
+    assert result.answer.waiting and result.held.granted
+    reclaimed = next(e for e in timeline if e.kind == TimelineKind.RECLAIMED)
+    assert reclaimed.incident_id == f.plan(1).incident_id
+    assert reclaimed.detail == "its incident's workflow closed without returning it"
+    assert max(concurrent_holders(timeline)) == 1
+
+
+async def test_a_lease_held_too_long_expires_and_its_incident_hears_of_it(time_skipping_env):
+    policy = BudgetPolicy(max_nodes=1, lease_max_seconds=3600)
+    async with fleet(time_skipping_env, policy) as f:
+        stuck = await f.start(f.plan(1, hold_seconds=5 * 3600))
+        await f.wait_for(TimelineKind.GRANTED)
+        next_one = await f.start(f.plan(2, hold_seconds=60))
+        stuck_result, next_result = await stuck.result(), await next_one.result()
+
+    assert stuck_result.end.status == LeaseStatus.EXPIRED
+    assert stuck_result.end.reason == "held longer than 3600 s"
+    assert timedelta(hours=1) <= next_result.held.granted_at - stuck_result.held.granted_at < timedelta(hours=1, minutes=1)
+
+
+async def test_a_request_repeated_after_a_crash_gets_the_same_lease(time_skipping_env):
+    sent: list[LeaseRequest] = []
+
+    def crashing_after_sending(budget: BudgetActivities):
+        @activity.defn(name="request_lease")
+        async def request_lease(req: LeaseRequest) -> None:
+            # The budget has the request; the worker then "dies" before reporting it done.
+            await budget.request_lease(req)
+            sent.append(req)
+            if activity.info().attempt == 1:
+                raise RuntimeError("worker lost after the request was sent")
+        return request_lease
+
+    policy = BudgetPolicy(max_nodes=1)
+    async with fleet(time_skipping_env, policy, request_lease=crashing_after_sending) as f:
+        first, second = await results_of([await f.start(f.plan(n, hold_seconds=60)) for n in (1, 2)])
+        timeline = await f.timeline()
+
+    assert Counter(req.incident_id for req in sent) == {first.answer.incident_id: 2, second.answer.incident_id: 2}
+    granted = Counter(e.incident_id for e in timeline if e.kind == TimelineKind.GRANTED)
+    assert granted == {first.answer.incident_id: 1, second.answer.incident_id: 1}
+    assert max(concurrent_holders(timeline)) == 1
+    # However often it was told (answers to requests in the same workflow task are sent once), one lease.
+    assert {(s.version, s.granted_at) for s in first.heard if s.granted} == {(first.held.version, first.held.granted_at)}
+
+
+# --- lemons -----------------------------------------------------------------------------------
+
+
+async def test_three_incidents_in_the_window_quarantine_a_node_until_an_operator_releases_it(
+        temporal_env, audit_file):
+    # On the dev server: the time-skipping server sometimes loses an operator's update ("update not found").
+    policy = BudgetPolicy(lemon_incidents=3, lemon_window_seconds=7 * 24 * 3600)
+    async with fleet(temporal_env, policy) as f:
+        with pytest.raises(ValueError, match=r"node gpu-7 is not quarantined \(no fleet budget is running\)"):
+            await release_quarantine(f.client, "gpu-7", "bob", "nothing yet", workflow_id=f.budget_id)
+        results = [await f.incident(f.plan(n, node="gpu-7", hold_seconds=0.1, check_quarantine=True))
+                   for n in range(3)]
+        with pytest.raises(ValueError, match="^node gpu-8 is not quarantined$"):
+            await release_quarantine(f.client, "gpu-8", "bob", "typo", workflow_id=f.budget_id)
+        released = await release_quarantine(f.client, "gpu-7", "bob", "GPU board replaced", workflow_id=f.budget_id)
+        after = await f.incident(f.plan(3, node="gpu-7", hold_seconds=0.1, check_quarantine=True))
+        timeline = await f.timeline()
+
+    assert [r.answer.quarantined for r in results] == [False, False, True]
+    assert results[2].quarantine.quarantined and len(results[2].quarantine.incidents_in_window) == 3
+    assert not released.quarantined
+    assert (released.last_release.released_by, released.last_release.release_reason) == ("bob", "GPU board replaced")
+    assert not after.answer.quarantined and not after.quarantine.quarantined  # counting starts again
+    assert [(e.kind, e.actor, e.actor_kind) for e in timeline if "quarantine" in e.kind] == [
+        (TimelineKind.QUARANTINED, "policy", "policy"), (TimelineKind.QUARANTINE_RELEASED, "bob", "operator")]
+    lines = {line["action"]: line for line in audit_lines(audit_file)}
+    assert lines["node_quarantined"]["node"] == "gpu-7"
+    assert (lines["quarantine_released"]["actor"], lines["quarantine_released"]["actor_kind"],
+            lines["quarantine_released"]["reason"]) == ("bob", "operator", "GPU board replaced")
+
+
+async def test_incidents_further_apart_than_the_window_do_not_make_a_lemon(time_skipping_env):
+    policy = BudgetPolicy(lemon_incidents=3, lemon_window_seconds=7 * 24 * 3600, holder_check_seconds=24 * 3600)
+    async with fleet(time_skipping_env, policy) as f:
+        # Four days apart: never three in a week.
+        results = await results_of([
+            await f.start(f.plan(n, node="gpu-7", delay_seconds=n * 4 * 24 * 3600, hold_seconds=3600,
+                                 check_quarantine=True))
+            for n in range(3)])
+
+    assert not any(r.answer.quarantined or r.quarantine.quarantined for r in results)
+    assert len(results[2].quarantine.incidents_in_window) == 2
+
+
+# --- continue-as-new --------------------------------------------------------------------------
+
+
+async def test_continue_as_new_keeps_holders_waiters_lemons_and_the_timeline(temporal_env):
+    policy = BudgetPolicy(max_nodes=1, lemon_incidents=2, history_limit=50)
+    async with fleet(temporal_env, policy) as f:
+        holder = await f.start(f.plan(0, hold_seconds=3600))
+        await f.wait_for(TimelineKind.GRANTED)
+        first_run = (await f.budget.describe()).run_id
+        waiter = await f.start(f.plan(1, hold_seconds=0.1))
+        # Two incidents of gpu-9 (a lemon), each waiting for the holder.
+        lemons = [await f.start(f.plan(n, node="gpu-9", hold_seconds=0.1)) for n in (2, 3)]
+        await f.wait_for(TimelineKind.QUEUED, 3)
+        for _ in range(100):
+            status = await fleet_budget_status(f.client, f.budget_id)
+            if status.continued_as_new:
+                break
+            # Returns of leases it does not know: each changes nothing but adds to the history.
+            await f.budget.signal(FleetBudgetWorkflow.release_lease, LeaseRelease(incident_id="unknown"))
+        assert (await f.budget.describe()).run_id != first_run
+        assert [h.incident_id for h in status.holders] == [f.plan(0).incident_id]
+        assert sorted(w.incident_id for w in status.waiting) == sorted(
+            [f.plan(1).incident_id] + [f.plan(n, node="gpu-9").incident_id for n in (2, 3)])
+        assert [q.node for q in status.quarantined] == ["gpu-9"]
+        await holder.signal(StandInIncident.finish)  # the waiters are granted by the new run
+        results = await results_of([holder, waiter, *lemons])
+        timeline = await f.timeline()
+        first_history = await f.client.get_workflow_handle(f.budget_id, run_id=first_run).fetch_history()
+
+    assert all(r.held.granted for r in results)
+    # The run that continued as new replays to the same decisions (no non-determinism).
+    await Replayer(workflows=[FleetBudgetWorkflow], data_converter=pydantic_data_converter).replay_workflow(first_history)
+    assert [e.seq for e in timeline] == list(range(1, len(timeline) + 1))
+    assert max(concurrent_holders(timeline)) == 1
+
+
+# --- notifications ----------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def webhook_server():
+    """A local webhook that answers 500 until `healthy` is set."""
+    received: list[tuple[dict[str, str], bytes]] = []
+    healthy = asyncio.Event()
+
+    async def hook(request: Request) -> Response:
+        received.append((dict(request.headers), await request.body()))
+        return Response(status_code=200 if healthy.is_set() else 500)
+
+    server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/hook", hook, methods=["POST"])]),
+                                           host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/hook", received, healthy
+    finally:
+        server.should_exit = True
+        await serving
+
+
+async def test_notifications_are_retried_until_delivered_without_holding_up_the_sender(temporal_env):
+    # On the dev server: the sender ends before its notification is delivered, and the time-skipping
+    # server, when a child outlives its parent, stops skipping time for the tests after.
+    async with webhook_server() as (url, received, healthy):
+        target = WebhookTarget(url=f"{url}?token=query-secret", bearer_token="bearer-secret", hmac_secret="hmac-secret")
+        async with fleet(temporal_env, BudgetPolicy(), webhook=target) as f:
+            notification = Notification(kind=NotificationKind.APPROVAL_NEEDED, incident_id=f"gpu-3-{f.budget_id}",
+                                        node="gpu-3", at="2026-12-01T00:00:00Z", summary="over budget, waiting")
+            caller = await f.client.execute_workflow(NotifyingCaller.run, notification, id=f"caller-{uuid.uuid4()}",
+                                                     task_queue=f.task_queue)
+            delivery = f.client.get_workflow_handle_for(NotificationWorkflow.run, notification_workflow_id(notification))
+            assert caller == "done"
+            while len(received) < 2:  # the webhook fails, the sender is long done
+                await asyncio.sleep(0.05)
+            assert (await delivery.describe()).status == WorkflowExecutionStatus.RUNNING
+            healthy.set()
+            result = await delivery.result()
+
+    assert result.delivered and result.status_code == 200 and result.attempt == len(received) >= 3
+    assert "query-secret" not in result.detail
+    for headers, body in received:
+        assert headers["idempotency-key"] == f"gpu-3-{f.budget_id}/approval_needed"
+        assert headers["authorization"] == "Bearer bearer-secret"
+        signed = headers["x-recovery-timestamp"].encode() + b"." + body
+        assert headers["x-recovery-signature"] == "sha256=" + hmac.new(b"hmac-secret", signed, hashlib.sha256).hexdigest()
+        assert Notification.model_validate_json(body) == notification
+
+
+async def test_a_quarantine_is_notified_when_notifications_are_on(time_skipping_env):
+    async with webhook_server() as (url, received, healthy):
+        healthy.set()
+        policy = BudgetPolicy(lemon_incidents=2, notifications=True)
+        async with fleet(time_skipping_env, policy, webhook=WebhookTarget(url=url)) as f:
+            await results_of([await f.start(f.plan(n, node="gpu-4", hold_seconds=60)) for n in range(2)])
+            quarantined = await f.wait_for(TimelineKind.QUARANTINED)
+            delivery = f.client.get_workflow_handle_for(NotificationWorkflow.run,
+                                                        f"notify-{quarantined[0].incident_id}-quarantined")
+            result = await delivery.result()
+
+    assert result.delivered
+    [(headers, body)] = received
+    sent = Notification.model_validate_json(body)
+    assert (sent.kind, sent.node) == (NotificationKind.QUARANTINED, "gpu-4")
+    assert "recovery release-quarantine gpu-4" in sent.summary
