@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
+from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
@@ -445,24 +445,20 @@ class NodeRecoveryWorkflow:
                                        kubernetes_node: str | None) -> None:
         """Hands the fenced node to a workflow that outlives this incident and resumes the node
         once it is repaired and healthy."""
-        workflow_id = return_to_service_workflow_id(node)
-        try:
-            await workflow.start_child_workflow(
-                ReturnToServiceWorkflow.run,
-                ReturnToServiceRequest(
-                    node=node, poll_seconds=policy.repair_poll_seconds, kubernetes_node=kubernetes_node,
-                    give_up_at=workflow.now() + timedelta(seconds=policy.repair_wait_seconds),
-                    ctx=ctx.model_copy(update={"actor": f"{policy.owner} policy",
-                                               "reason": f"return to service after repair (incident {ctx.incident_id})"}),
-                ),
-                id=workflow_id, parent_close_policy=ParentClosePolicy.ABANDON,
-                static_summary=f"Return {node} to service once repaired",
-            )
-            self._return_to_service = workflow_id
-            self._note(f"{workflow_id} resumes {node} once repaired and healthy")
-        except WorkflowAlreadyStartedError:
-            self._note(f"{workflow_id} already watches {node}")
-            self._return_to_service = workflow_id
+        workflow_id = return_to_service_workflow_id(ctx.incident_id)
+        await workflow.start_child_workflow(
+            ReturnToServiceWorkflow.run,
+            ReturnToServiceRequest(
+                node=node, poll_seconds=policy.repair_poll_seconds, kubernetes_node=kubernetes_node,
+                give_up_at=workflow.now() + timedelta(seconds=policy.repair_wait_seconds),
+                ctx=ctx.model_copy(update={"actor": f"{policy.owner} policy",
+                                           "reason": f"return to service after repair (incident {ctx.incident_id})"}),
+            ),
+            id=workflow_id, parent_close_policy=ParentClosePolicy.ABANDON,
+            static_summary=f"Return {node} to service once repaired",
+        )
+        self._return_to_service = workflow_id
+        self._note(f"{workflow_id} resumes {node} once repaired and healthy")
 
     async def _drain(self, req: RecoveryRequest, ctx: ActionContext) -> NodeFenceResult:
         fence = await self._step("drain", workflow.execute_activity_method(

@@ -25,8 +25,10 @@ with workflow.unsafe.imports_passed_through():
 CHECKS_PER_RUN = 500
 
 
-def return_to_service_workflow_id(node: str) -> str:
-    return f"return-to-service-{node}"
+def return_to_service_workflow_id(incident_id: str) -> str:
+    """One per incident: when a node fails again, the older watcher finds the newer incident's
+    fence, leaves the node as found and ends; the newer one takes over."""
+    return f"return-to-service-{incident_id}"
 
 
 @workflow.defn

@@ -37,7 +37,7 @@ async def test_xid79_drill_recovers_the_job_from_its_latest_complete_checkpoint(
     names = [p.name for p in r.phases]
     assert names == ["classify", "drain", "find_jobs", "signal", "grace", "requeue", "mark_down",
                      "request_replacement", "wait_for_spare", "verify", "return_to_service"]
-    assert r.return_to_service == f"return-to-service-{r.node}"
+    assert r.return_to_service == f"return-to-service-{r.incident_id}"
     assert next(p for p in r.phases if p.name == "grace").result.startswith("skipped")
     # Every side effect is recorded with who asked and why, and which path it took.
     actions = {a.action: a for a in r.actions}

@@ -22,7 +22,7 @@ async def recovered_drill(drill):
 
 async def test_the_failed_node_returns_to_service_once_repaired(drill, recovery_worker, temporal_env):
     report = await recovered_drill(drill)
-    assert report.return_to_service == f"return-to-service-{report.node}"
+    assert report.return_to_service == f"return-to-service-{report.incident_id}"
     handle = temporal_env.client.get_workflow_handle_for(ReturnToServiceWorkflow.run, report.return_to_service)
     # Not repaired yet: the GPU fault is still there, the node stays out of service.
     await asyncio.sleep(1.5)  # three looks at 0.5 s

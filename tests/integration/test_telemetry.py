@@ -43,9 +43,10 @@ ACTIVITIES_OF_A_FATAL_XID = {"classify_fault", "drain_node", "find_jobs", "signa
                              "record_incident"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spans() -> InMemorySpanExporter:
-    """The process's tracer provider (there is one per process), exporting to memory."""
+    """The process's tracer provider (there is one per process), exporting to memory. Session
+    scope: the module's tests run once per Slurm generation, and the provider cannot be set twice."""
     exporter = InMemorySpanExporter()
     if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         pytest.fail("another test installed a tracer provider first")

@@ -129,8 +129,10 @@ async def test_taint_write_that_meets_a_conflict_rereads_and_keeps_the_concurren
     core = kube_seed.core
 
     def writer(name: str, stop: threading.Event, added: list[str]) -> None:
-        """An optimistic writer of its own, with PATCH so that its writes are told apart from ours."""
-        while not stop.is_set():
+        """An optimistic writer of its own, with PATCH so that its writes are told apart from ours.
+        A few writes, not an endless stream: against a writer that never pauses, the fence gives
+        up after 10 fresh reads by design (ConflictPersists, retried by Temporal)."""
+        while not stop.is_set() and len(added) < 3:
             node = core.read_node(name)
             taint = {"key": f"other.example/t{len(added)}", "value": "x", "effect": "NoSchedule"}
             taints = [core.api_client.sanitize_for_serialization(t) for t in node.spec.taints or []]
