@@ -38,7 +38,7 @@ from temporalio.client import Client
 from bench import reaction
 from bench.harness import OPERATIONS, ScaleSlurm, node_name, spare_name
 from bench.profile import activity_timeline, median_timeline, render_timeline
-from bench.services import cpu_seconds, machine_busy_seconds, temporal_dev_server
+from bench.services import cpu_seconds, machine_busy_seconds, process, temporal_dev_server
 from bench.stack import BenchStack, say
 from bench.table import Row, goal, median, percentile, row
 from contracts.models import NodeFailureAlert, RecoveryPolicy
@@ -236,17 +236,8 @@ def scale_worker(nodes: int, latency: dict[str, float], address: str, call_log: 
             "--restart-delay", str(RESTART_DELAY_SECONDS), "--call-log", str(call_log), "--ready", str(ready)]
     env = {**os.environ, "TEMPORAL_ADDRESS": address, "RECOVERY_TASK_QUEUE": TASK_QUEUE,
            "RECOVERY_HEALTH_CHECK": "", "RECOVERY_LOG_LEVEL": "WARNING", "PYTHONPATH": str(REPO)}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    with process(argv, env, log, cwd=REPO) as proc:
         yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 async def _ready(path: Path, proc: subprocess.Popen, log: Path) -> bool:

@@ -48,9 +48,10 @@ def _wait_for_port(port: int, proc: subprocess.Popen, what: str, seconds: float 
 
 
 @contextmanager
-def _process(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen]:
+def process(argv: list[str], env: dict[str, str], log: Path, cwd: Path | None = None) -> Iterator[subprocess.Popen]:
+    """A process logging to `log`, stopped on exit (SIGTERM, then SIGKILL after 20 s)."""
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         yield proc
     finally:
@@ -68,7 +69,7 @@ def temporal_dev_server(workdir: Path) -> Iterator[tuple[subprocess.Popen, str]]
     port = free_port()
     argv = [str(BIN / "temporal"), "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port", str(port),
             "--log-level", "error"]
-    with _process(argv, dict(os.environ), workdir / "temporal.log") as proc:
+    with process(argv, dict(os.environ), workdir / "temporal.log") as proc:
         _wait_for_port(port, proc, "the Temporal dev server")
         yield proc, f"127.0.0.1:{port}"
 
@@ -85,7 +86,7 @@ def hook_server(workdir: Path, temporal_address: str, token: str) -> Iterator[tu
         "RECOVERY_HOOKS_HOST": "127.0.0.1", "RECOVERY_HOOKS_PORT": str(port), "RECOVERY_HOOKS_TOKEN": token,
         "RECOVERY_HOOKS_CORRELATION_HOLD_SECONDS": os.environ.get("RECOVERY_HOOKS_CORRELATION_HOLD_SECONDS", "0"),
     }
-    with _process([str(BIN / "recovery"), "hooks"], env, workdir / "hooks.log") as proc:
+    with process([str(BIN / "recovery"), "hooks"], env, workdir / "hooks.log") as proc:
         _wait_for_port(port, proc, "recovery hooks")
         httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).raise_for_status()
         yield proc, port
