@@ -13,14 +13,18 @@ import signal
 import sys
 from contextlib import AsyncExitStack
 from datetime import timedelta
+from pathlib import Path
 
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
-from temporalio.service import RPCError
+from temporalio.service import RPCError, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
+from activities.audit import write_audit
+from activities.budget import BudgetActivities, ensure_fleet_budget
 from activities.fencing import FencingActivities
+from activities.notify import NotifyActivities
 from activities.kubernetes import KubernetesActivities
 from activities.jobs import JobActivities
 from activities.replacement import ReplacementActivities
@@ -31,30 +35,64 @@ from backends.health import HealthCheck
 from backends.replacement import HotSparePool
 from backends.slurm import SlurmCli, SlurmClient, SlurmRest, SlurmUnavailable, Unsupported
 from contracts import search_attributes
+from contracts.audit import configure_sink, remove_sink
 from backends.kubernetes import load_api_client
 from contracts.k8s_settings import KubernetesSettings
 from contracts.settings import ConfigError, Settings, load_settings, load_telemetry_settings
 from observability.metrics import DEFAULT as DEFAULT_METRICS, RecoveryMetrics
 from observability.telemetry import Telemetry
+from workflows.fleet_budget import FleetBudgetWorkflow, fleet_budget_workflow_id
 from workflows.node_recovery import NodeRecoveryWorkflow
+from workflows.notify import NotificationWorkflow
 from workflows.return_to_service import ReturnToServiceWorkflow
 
 log = logging.getLogger("training_recovery.worker")
 
 
+def temporal_tls(settings: Settings) -> TLSConfig | bool | None:
+    """The SDK's `tls` argument: a TLSConfig when a CA, client certificate or server name is set;
+    otherwise RECOVERY_TEMPORAL_TLS as given (None: the SDK turns TLS on with an API key)."""
+    if not (settings.temporal_tls_ca or settings.temporal_tls_cert or settings.temporal_tls_server_name):
+        return settings.temporal_tls
+    def read(path: Path | None) -> bytes | None:
+        return path.read_bytes() if path else None
+    return TLSConfig(server_root_ca_cert=read(settings.temporal_tls_ca), domain=settings.temporal_tls_server_name,
+                     client_cert=read(settings.temporal_tls_cert), client_private_key=read(settings.temporal_tls_key))
+
+
 async def connect(settings: Settings, attempts: int = 50, **options) -> Client:
-    """Connect to Temporal, retrying the first dial (the SDK does not) while a server starts."""
+    """Connect to Temporal as the settings say (address, namespace, TLS, API key), retrying the
+    first dial (the SDK does not) while a server starts. `options` go to Client.connect and win."""
+    api_key = settings.temporal_api_key.get_secret_value() if settings.temporal_api_key else None
+    options = {"tls": temporal_tls(settings), "api_key": api_key, **options}
     for attempt in range(1, attempts + 1):
         try:
             return await Client.connect(
                 settings.temporal_address, namespace=settings.temporal_namespace,
                 data_converter=pydantic_data_converter, **options,
             )
-        except RuntimeError:
+        except RuntimeError as e:
             if attempt == attempts:
-                raise
+                # The SDK says what failed (e.g. InvalidCertificate(UnknownIssuer)), not with what.
+                raise RuntimeError(f"cannot connect to Temporal at {settings.temporal_address} "
+                                   f"({_security(settings, options)}): {e}") from e
             await asyncio.sleep(0.2)
     raise AssertionError("unreachable")
+
+
+def _security(settings: Settings, options: dict) -> str:
+    tls, api_key = options["tls"], options["api_key"]
+    if tls is False or (tls is None and not api_key):
+        said = ["without TLS"]
+    elif isinstance(tls, TLSConfig):
+        said = [f"TLS, CA {settings.temporal_tls_ca or '(system roots)'}"]
+        if tls.client_cert:
+            said.append(f"client certificate {settings.temporal_tls_cert}")
+        if tls.domain:
+            said.append(f"server name {tls.domain}")
+    else:
+        said = ["TLS, CA (system roots)"]
+    return ", ".join(said + (["API key"] if api_key else []))
 
 
 async def register_search_attributes(client: Client, namespace: str) -> None:
@@ -86,17 +124,23 @@ async def build_slurm(settings: Settings, stack: AsyncExitStack) -> SlurmClient:
 
 
 def activities_for(settings: Settings, slurm: SlurmClient, temporal: Client,
-                   metrics: RecoveryMetrics = DEFAULT_METRICS, kubernetes: KubernetesSettings | None = None) -> list:
-    """Every activity this worker runs; the Kubernetes ones when `kubernetes` configures them."""
+                   metrics: RecoveryMetrics = DEFAULT_METRICS, kubernetes: KubernetesSettings | None = None,
+                   resources: AsyncExitStack | None = None) -> list:
+    """Every activity this worker runs; the Kubernetes ones when `kubernetes` configures them
+    (`resources` then closes their API client when the worker stops)."""
     checkpoints = CheckpointStore()
     classify = ClassifyActivities(XidPolicyTable(settings.xid_policy_file), temporal)
     health = HealthCheck(settings.health_check_argv())
     fencing = FencingActivities(slurm, health)
     jobs = JobActivities(slurm, checkpoints)
     replacement = ReplacementActivities(slurm, HotSparePool(slurm), health)
+    telemetry = TelemetryActivities(metrics)
+    budget = BudgetActivities(temporal, settings.budget_policy(), settings.task_queue,
+                              workflow_id=fleet_budget_workflow_id(settings.task_queue))
     return [
         classify.classify_fault,
         classify.count_application_incidents,
+        fencing.partition_shares,
         fencing.drain_node,
         fencing.mark_node_down,
         fencing.return_to_service,
@@ -108,13 +152,21 @@ def activities_for(settings: Settings, slurm: SlurmClient, temporal: Client,
         replacement.request_replacement,
         replacement.wait_for_spare,
         replacement.check_node_health,
-        TelemetryActivities(metrics).record_incident,
-        *(kubernetes_activities(kubernetes, slurm) if kubernetes is not None else []),
+        telemetry.record_incident,
+        telemetry.record_budget_in_use,
+        budget.request_lease,
+        budget.check_quarantine,
+        budget.quarantined_among,
+        budget.find_closed_holders,
+        NotifyActivities(settings.webhook_target()).deliver_notification,
+        write_audit,
+        *(kubernetes_activities(kubernetes, slurm, resources) if kubernetes is not None else []),
     ]
 
 
-def kubernetes_activities(settings: KubernetesSettings, slurm: SlurmClient) -> list:
+def kubernetes_activities(settings: KubernetesSettings, slurm: SlurmClient, resources: AsyncExitStack) -> list:
     loaded = load_api_client(settings)  # one ApiClient for this worker, never the global default
+    resources.callback(loaded.api.close)  # its connection and thread pools, once the worker has stopped
     log.info("Kubernetes API from %s; replacement provider %s", loaded.source, settings.replacement)
     return KubernetesActivities(loaded.api, settings, slurm).all()
 
@@ -123,7 +175,7 @@ def build_worker(client: Client, task_queue: str, activities: list, **options) -
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[NodeRecoveryWorkflow, ReturnToServiceWorkflow],
+        workflows=[NodeRecoveryWorkflow, ReturnToServiceWorkflow, FleetBudgetWorkflow, NotificationWorkflow],
         activities=activities,
         # After a crash the next workflow task would wait this long on the dead worker's sticky queue.
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
@@ -154,11 +206,17 @@ async def main() -> None:
                 # An incident whose attributes are not defined cannot make progress: say so now.
                 sys.exit(f"cannot register the incident search attributes ({e}): create them as the README "
                          "shows, or set RECOVERY_SEARCH_ATTRIBUTES=false")
+        if settings.audit_log is not None:
+            stack.callback(remove_sink, configure_sink(settings.audit_log))
         slurm = await build_slurm(settings, stack)
         kubernetes = KubernetesSettings() if settings.k8s_enabled else None
         async with build_worker(client, settings.task_queue,
-                                activities_for(settings, slurm, client, kubernetes=kubernetes),
+                                activities_for(settings, slurm, client, kubernetes=kubernetes, resources=stack),
                                 **telemetry.worker_options()):
+            # The running budget takes this worker's policy (a larger K admits waiting incidents at once).
+            if settings.fleet_budget:
+                await ensure_fleet_budget(client, settings.budget_policy(), settings.task_queue,
+                                          workflow_id=fleet_budget_workflow_id(settings.task_queue))
             log.info("worker polling %s on %s/%s", settings.task_queue, settings.temporal_address,
                      settings.temporal_namespace)
             await stop.wait()

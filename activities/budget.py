@@ -1,8 +1,9 @@
 """The activities and client calls around FleetBudgetWorkflow, through the Temporal client.
 
 Activities (registered on the worker): `request_lease` (signal-with-start: the budget starts with
-the first request of the namespace), `check_quarantine` (for the incident, before it returns a
-node to service) and `find_closed_holders` (for the budget's lease expiry).
+the first request of the namespace), `check_quarantine` (before a node returns to service),
+`quarantined_among` (spares the incident must not claim) and `find_closed_holders` (for the
+budget's lease expiry).
 
 Client calls (for the worker and the CLI): ensure_fleet_budget() at worker start-up, so that the
 running budget has the configured policy; release_quarantine() for
@@ -63,6 +64,12 @@ class BudgetActivities:
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
             return QuarantineStatus(node=node, quarantined=False)
+
+    @activity.defn
+    async def quarantined_among(self, nodes: list[str]) -> list[str]:
+        """Those of `nodes` that are quarantined lemons: spares the incident must not claim."""
+        found = await asyncio.gather(*(self.check_quarantine(node) for node in nodes))
+        return [status.node for status in found if status.quarantined]
 
     @activity.defn(name=FIND_CLOSED_HOLDERS)
     async def find_closed_holders(self, holders: list[HolderRef]) -> list[HolderRef]:

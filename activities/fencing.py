@@ -12,8 +12,9 @@ from collections.abc import Callable
 from temporalio import activity
 
 from contracts.audit import record
-from backends.slurm import NodeUpdate, SlurmClient
+from backends.slurm import NodeUpdate, SlurmClient, SlurmNotFound
 from backends.health import HealthCheck
+from contracts.budget import PartitionShare
 from contracts.models import ActionContext, NodeFenceResult, NodeRequest, RepairCheck, SlurmNode
 
 
@@ -53,6 +54,15 @@ class FencingActivities:
         )
         return NodeFenceResult(node=req.node, before=before, after=after, changed=call.executed,
                                owned_by_other=False, action=action)
+
+    @activity.defn
+    async def partition_shares(self, node: str) -> list[PartitionShare]:
+        """The node's Slurm partitions and their sizes now, for the fleet disruption budget."""
+        nodes = await self._slurm.list_nodes()
+        failed = next((n for n in nodes if n.name == node), None)
+        if failed is None:
+            raise SlurmNotFound(f"node {node} is not in this cluster")
+        return [PartitionShare(name=p, size=sum(p in n.partitions for n in nodes)) for p in failed.partitions]
 
     @activity.defn
     async def drain_node(self, req: NodeRequest) -> NodeFenceResult:

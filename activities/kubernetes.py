@@ -5,7 +5,7 @@ Each activity is idempotent (what it writes records enough to know, on a retry, 
 done) and every write leaves an ActionRecord with the exact API call. Final answers are
 non-retryable ApplicationErrors named after their cause: NodeNotFound, SlurmdPodNotFound,
 NodeSetNotFound, JobsStillRunning, NodeNotDrained, EvictionBlocked, SlurmNotFound. Retryable:
-SlurmStateUnknown, ProviderUnavailable, ConflictPersists and API/transport errors.
+SlurmStateUnknown, NodeStillBusy, ProviderUnavailable, ConflictPersists and API/transport errors.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from temporalio.exceptions import ApplicationError
 from backends.kubernetes import (
     HttpReplacement,
     JobsStillRunning,
+    NodeStillBusy,
     KubeRecoveryError,
     KubernetesReplacementProvider,
     NodeFencing,
@@ -115,7 +116,7 @@ class KubernetesActivities:
         async def slurm_lets_go() -> str:
             try:
                 return await confirm_evictable(self._slurm, req.pod.slurm_node)
-            except (JobsStillRunning, NodeNotDrained) as e:
+            except (JobsStillRunning, NodeNotDrained, NodeStillBusy) as e:
                 if req.ctx.dry_run:  # the drain before it was only described: say what would stop it now
                     return f"would be refused now: {e}"
                 raise

@@ -49,10 +49,7 @@ def request_headers(target: WebhookTarget, notification: Notification, body: byt
 class NotifyActivities:
     def __init__(self, target: WebhookTarget | None, transport: httpx.AsyncBaseTransport | None = None):
         self._target = target
-        self._http = httpx.AsyncClient(timeout=target.timeout_seconds if target else 10.0, transport=transport)
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
+        self._transport = transport
 
     @activity.defn
     async def deliver_notification(self, notification: Notification) -> DeliveryResult:
@@ -63,7 +60,9 @@ class NotifyActivities:
         body = notification.model_dump_json().encode()
         headers = request_headers(target, notification, body, str(int(time.time())))
         try:
-            response = await self._http.post(target.url, content=body, headers=headers)
+            # A client per delivery: notifications are a few per incident, and nothing is left to close.
+            async with httpx.AsyncClient(timeout=target.timeout_seconds, transport=self._transport) as http:
+                response = await http.post(target.url, content=body, headers=headers)
         except httpx.HTTPError as err:
             # `from None`: httpx's own message and traceback may carry the full URL.
             raise ApplicationError(f"{type(err).__name__} reaching {target.redacted_url}",

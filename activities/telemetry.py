@@ -1,9 +1,11 @@
-"""The incident's metrics, recorded once its report is final (the last step of NodeRecoveryWorkflow)."""
+"""Metrics from workflows, which do no I/O themselves: an incident's, recorded once its report is
+final (the last step of NodeRecoveryWorkflow), and the fleet budget's nodes in use."""
 
 from __future__ import annotations
 
 from temporalio import activity
 
+from contracts.budget import BudgetInUse
 from contracts.models import IncidentReport
 from observability.metrics import RecoveryMetrics
 
@@ -18,3 +20,8 @@ class TelemetryActivities:
         when its worker died before reporting it done. The retry records the incident again: at
         least once, and twice only if the dead worker had exported its points before dying."""
         self.metrics.record_incident(report)
+
+    @activity.defn
+    async def record_budget_in_use(self, in_use: BudgetInUse) -> None:
+        """A gauge: the fleet budget reports each change, so a repeated report is harmless."""
+        self.metrics.set_budget_in_use(in_use.nodes, in_use.budget)

@@ -25,7 +25,7 @@ from backends.replacement import SPARE_STANDBY_REASON
 from backends.slurm.api import NodeUpdate, SlurmCommandError, SlurmNotFound
 from contracts.models import Invocation, SlurmJob, SlurmNode
 
-OPERATIONS = ("get_node", "list_jobs", "get_job", "update_node", "set_node_comment", "signal_job",
+OPERATIONS = ("get_node", "list_nodes", "list_jobs", "get_job", "update_node", "set_node_comment", "signal_job",
               "requeue_hold", "set_excluded_nodes", "release_job")
 _HOLDS = ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")
 
@@ -36,6 +36,9 @@ def node_name(i: int) -> str:
 
 def spare_name(i: int) -> str:
     return f"spare-{i:04d}"
+
+
+PARTITION = "gpu"
 
 
 class ScaleSlurm:
@@ -55,9 +58,9 @@ class ScaleSlurm:
         self._spare_of: dict[int, str] = {}
         self._starts_at: dict[int, float] = {}  # a released job starts at (monotonic)
         for i in range(nodes):
-            self.nodes[node_name(i)] = SlurmNode(name=node_name(i), state="allocated")
+            self.nodes[node_name(i)] = SlurmNode(name=node_name(i), state="allocated", partitions=[PARTITION])
             self.nodes[spare_name(i)] = SlurmNode(name=spare_name(i), state="idle", flags=["DRAIN"],
-                                                  reason=f"recovery: {SPARE_STANDBY_REASON}")
+                                                  reason=f"recovery: {SPARE_STANDBY_REASON}", partitions=[PARTITION])
             self.jobs[i + 1] = SlurmJob(job_id=i + 1, name=f"train-{i}", state="RUNNING", nodes=[node_name(i)],
                                         priority=1)
             self._spare_of[i + 1] = spare_name(i)
@@ -104,6 +107,10 @@ class ScaleSlurm:
     async def get_node(self, name: str) -> SlurmNode:
         await self._call("get_node", name)
         return self._node(name).model_copy()
+
+    async def list_nodes(self) -> list[SlurmNode]:
+        await self._call("list_nodes", "*")
+        return [node.model_copy() for node in self.nodes.values()]
 
     async def list_jobs(self) -> list[SlurmJob]:
         await self._call("list_jobs", "*")

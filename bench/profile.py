@@ -1,12 +1,15 @@
 """Where an incident's time goes, from its Temporal history: for each activity, the wait for the
 workflow task that schedules it, its time in the server's task queue, and its time at the worker
-(delivery to the worker, the run, the completion's way back)."""
+(delivery to the worker, the run, the completion's way back). And what an incident asks of the
+server, counted from its history: the same in every run, whatever else the machine is doing."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHandle
 
 from bench.table import median
@@ -14,27 +17,38 @@ from bench.table import median
 
 async def activity_timeline(handle: WorkflowHandle, since: datetime, until_activity: str,
                             occurrences: int = 1) -> list[tuple[str, float]]:
+    """timeline() of the run's history."""
+    return timeline(await history_of(handle), since, until_activity, occurrences)
+
+
+async def history_of(handle: WorkflowHandle) -> list[HistoryEvent]:
+    return [event async for event in handle.fetch_history_events()]
+
+
+def timeline(events: Iterable[HistoryEvent], since: datetime, until_activity: str,
+             occurrences: int = 1) -> list[tuple[str, float]]:
     """(segment, seconds) from `since` until the `occurrences`-th completion of `until_activity`.
 
-    Segments: "workflow task -> NAME" (from the previous step's end, or `since`, until NAME is
-    scheduled: the workflow tasks in between), "NAME in the task queue" (scheduled to started, as
+    Segments: "workflow task -> NAME" (from the end of the last activity completed before NAME
+    was scheduled, or `since`, until NAME is scheduled: the workflow tasks in between; activities
+    scheduled together each count from that same end), "NAME in the task queue" (scheduled to started, as
     the server saw it), "NAME at the worker" (started to completed: a busy worker shows here)."""
-    scheduled: dict[int, tuple[str, datetime]] = {}
+    scheduled: dict[int, tuple[str, datetime, datetime]] = {}  # name, scheduled at, the previous end then
     started: dict[int, datetime] = {}
     segments: list[tuple[str, float]] = []
     previous_end, seen = since, 0
-    async for event in handle.fetch_history_events():
+    for event in events:
         at = event.event_time.ToDatetime().replace(tzinfo=since.tzinfo)
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             name = event.activity_task_scheduled_event_attributes.activity_type.name
-            scheduled[event.event_id] = (name, at)
+            scheduled[event.event_id] = (name, at, previous_end)
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
             started[event.activity_task_started_event_attributes.scheduled_event_id] = at
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             scheduled_id = event.activity_task_completed_event_attributes.scheduled_event_id
-            name, scheduled_at = scheduled[scheduled_id]
+            name, scheduled_at, end_before = scheduled[scheduled_id]
             started_at = started.get(scheduled_id, scheduled_at)
-            segments += [(f"workflow task -> {name}", (scheduled_at - previous_end).total_seconds()),
+            segments += [(f"workflow task -> {name}", (scheduled_at - end_before).total_seconds()),
                          (f"{name} in the task queue", (started_at - scheduled_at).total_seconds()),
                          (f"{name} at the worker", (at - started_at).total_seconds())]
             previous_end = max(previous_end, at)
@@ -43,6 +57,30 @@ async def activity_timeline(handle: WorkflowHandle, since: datetime, until_activ
                 if seen == occurrences:
                     break
     return segments
+
+
+# What the server does for an incident, by the history events that record it.
+HISTORY_KINDS = {
+    "workflow tasks": EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
+    "activities": EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+    "local activities and patches (markers)": EventType.EVENT_TYPE_MARKER_RECORDED,
+    "search attribute upserts": EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES,
+    "signals received": EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED,
+    "signals sent": EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED,
+    "child workflows": EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED,
+    "timers": EventType.EVENT_TYPE_TIMER_STARTED,
+}
+
+
+def history_counts(events: Iterable[HistoryEvent]) -> dict[str, int]:
+    """The history's events in all, and those of each of HISTORY_KINDS."""
+    kinds = {event_type: name for name, event_type in HISTORY_KINDS.items()}
+    counts = dict.fromkeys(["events", *HISTORY_KINDS], 0)
+    for event in events:
+        counts["events"] += 1
+        if event.event_type in kinds:
+            counts[kinds[event.event_type]] += 1
+    return counts
 
 
 def median_timeline(runs: list[list[tuple[str, float]]]) -> list[tuple[str, float]]:
@@ -64,4 +102,5 @@ def render_timeline(segments: list[tuple[str, float]]) -> str:
     total = sum(s for _, s in segments)
     width = max((len(n) for n, _ in segments), default=0)
     lines = [f"    {name:<{width}}  {seconds * 1000:7.1f} ms" for name, seconds in segments]
-    return "\n".join([*lines, f"    {'total':<{width}}  {total * 1000:7.1f} ms"])
+    # Activities run at once overlap: then the sum is more than the time they took.
+    return "\n".join([*lines, f"    {'sum':<{width}}  {total * 1000:7.1f} ms"])

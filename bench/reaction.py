@@ -8,8 +8,9 @@ a 1-node job there). A probe job records, in its own file, the moment each SIGUS
   ours      the alert is handed to Temporal as the drill sends it (signal-with-start); the clock
             starts when that call returns (the alert is accepted: durable in Temporal). "Drained"
             is the incident's drain action, recorded once the activity read the node back from
-            Slurm as drained. The incident is terminated once measured (its requeue and the rest
-            are not part of the reaction), and the cluster reset.
+            Slurm as drained. The incident is aborted once measured, as an operator would (its
+            requeue and the rest are not part of the reaction; it returns its lease from the fleet
+            disruption budget as it ends, which a terminated run cannot), and the cluster reset.
   baseline  a bare bash script issues the calls an operator's script would: `scontrol update
             NodeName=N State=DRAIN Reason=...`, `squeue -w N` for the jobs, `scancel
             --signal=USR1 --full` for each; the clock starts when it is spawned. "Drained" is
@@ -31,7 +32,7 @@ from pathlib import Path
 from bench.profile import activity_timeline, median_timeline, render_timeline
 from bench.stack import BenchStack, say
 from bench.table import Row, goal, median, percentile, row
-from contracts.models import NodeFailureAlert
+from contracts.models import NodeFailureAlert, OperatorDecision
 from starter.alerts import raise_alert
 from starter.localstack import StackError, wait_async
 from workflows.node_recovery import NodeRecoveryWorkflow
@@ -89,7 +90,7 @@ class ReactionResult:
                  f"{ms(r.by_actions or 0 for r in self.ours)} ms)",
                  f"  baseline: {ms(r.seconds for r in self.baseline)} ms",
                  f"  not counted: the worker's first incident, {self.warm_up.seconds * 1000:.0f} ms (its first "
-                 "workflow sandbox and imports; a worker in service is long-running)",
+                 "imports and connections; a worker in service is long-running)",
                  "  where our reaction goes (median per segment, from the incident's Temporal history):",
                  render_timeline(median_timeline([r.timeline for r in self.ours]))]
         return "\n".join(lines)
@@ -112,8 +113,8 @@ class Probes:
 
 
 async def warm_up(bench: BenchStack) -> Reaction:
-    """One incident, not counted: the worker's first pays for its first workflow sandbox and
-    imports, which a worker in service (long-running) has behind it."""
+    """One incident, not counted: the worker's first pays for its first imports and
+    connections, which a worker in service (long-running) has behind it."""
     reaction = await react_ours(bench, await start_probes(bench, "warm-up"))
     say(f"warm-up incident (not counted): reaction {reaction.seconds * 1000:.0f} ms")
     return reaction
@@ -192,7 +193,9 @@ async def react_ours(bench: BenchStack, probes: Probes) -> Reaction:
         return status.actions if len(signals) >= len(probes.job_ids) else None
 
     actions = await wait_async(actions_recorded, TIMEOUT_SECONDS, "the incident's signal actions", interval=0.05)
-    await handle.terminate("benchmark: reaction measured")
+    await handle.execute_update(NodeRecoveryWorkflow.abort,
+                                OperatorDecision(actor="bench reaction", reason="benchmark: reaction measured"))
+    await handle.result()  # ended, and its lease returned to the budget before the next run's incident
     drained = next(a.at.timestamp() for a in actions if a.action == "drain_node")
     signal_actions = [a.at.timestamp() for a in actions if a.action == "signal_job"]
     node = await bench.slurm.get_node(probes.node)

@@ -3,7 +3,7 @@ the scale harness (bench/harness.py: Slurm's answers from memory, with each call
 measured on the real local cluster in the same run), the real workflow and activities in a real
 worker process, and a fresh in-memory Temporal dev server per N.
 
-Per N, once one more incident has warmed the worker up (its first workflow sandbox and imports;
+Per N, once one more incident has warmed the worker up (its first imports and connections;
 a worker in service is long-running): the N alerts are handed to Temporal (signal-with-start, 32
 at a time) and the clock runs from the first hand-over until every node is drained and its job
 signalled, by the harness's own call log: nodes/s = N / that time. The incidents then run to
@@ -37,7 +37,8 @@ from temporalio.client import Client
 
 from bench import reaction
 from bench.harness import OPERATIONS, ScaleSlurm, node_name, spare_name
-from bench.profile import activity_timeline, median_timeline, render_timeline
+from bench.profile import (HISTORY_KINDS, activity_timeline, history_counts, history_of, median_timeline,
+                           render_timeline)
 from bench.services import cpu_seconds, machine_busy_seconds, process, temporal_dev_server
 from bench.stack import BenchStack, say
 from bench.table import Row, goal, median, percentile, row
@@ -46,6 +47,7 @@ from contracts.settings import Settings
 from starter.alerts import raise_alerts
 from starter.localstack import REPO, StackError, wait_async
 from worker import build_slurm, connect
+from workflows.fleet_budget import fleet_budget_workflow_id
 from workflows.node_recovery import NodeRecoveryWorkflow, incident_workflow_id
 
 TASK_QUEUE = "bench-scale"
@@ -79,6 +81,7 @@ async def calibrate(bench: BenchStack, samples: int = 5) -> tuple[dict[str, floa
         slurm = await build_slurm(settings, stack)
         for i in range(samples):
             await timed("get_node", slurm.get_node(probes.node))
+            await timed("list_nodes", slurm.list_nodes())
             await timed("list_jobs", slurm.list_jobs())
             await timed("get_job", slurm.get_job(wide))
             await timed("update_node", slurm.update_node(probes.node, "DRAIN", "recovery: bench calibration"))
@@ -138,6 +141,8 @@ class ScaleRun:
     worker_idle_rss_mib: float
     worker_peak_rss_mib: float
     timeline: list[tuple[str, float]] = field(default_factory=list)
+    # per incident, from the histories of sampled incidents (median) and the fleet budget's (all runs / N)
+    history: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> str:
         return (f"N={self.nodes}: drained+signalled in {self.seconds_to_drain_and_signal:.2f} s "
@@ -148,7 +153,8 @@ class ScaleRun:
                 f"{self.temporal_cpu_per_incident * 1000:.1f} ms (until all signalled: "
                 f"{self.worker_cpu_to_signal * 1000:.1f} + {self.temporal_cpu_to_signal * 1000:.1f} ms); "
                 f"worker RSS {self.worker_idle_rss_mib:.0f} -> peak {self.worker_peak_rss_mib:.0f} MiB; "
-                f"other processes {self.other_cores:.2f} cores")
+                f"other processes {self.other_cores:.2f} cores; per incident: "
+                + ", ".join(f"{v:g} {k}" for k, v in self.history.items()))
 
 
 async def run_once(nodes: int, latency: dict[str, float], workdir: Path) -> ScaleRun:
@@ -182,6 +188,7 @@ async def run_once(nodes: int, latency: dict[str, float], workdir: Path) -> Scal
             await activity_timeline(client.get_workflow_handle(incident_workflow_id(node_name(i))),
                                     datetime.fromtimestamp(started, timezone.utc), "signal_job")
             for i in _sample(nodes)])
+        history = await _history_per_incident(client, nodes)
     per_incident = [t - started for t in done_at.values()]
     seconds = max(per_incident)
     return ScaleRun(
@@ -193,7 +200,7 @@ async def run_once(nodes: int, latency: dict[str, float], workdir: Path) -> Scal
         worker_cpu_to_signal=(cpu_at_signal.worker - cpu_before.worker) / nodes,
         temporal_cpu_to_signal=(cpu_at_signal.temporal - cpu_before.temporal) / nodes,
         other_cores=cpu_after.others_since(cpu_before) / (finished - started),
-        worker_idle_rss_mib=idle_rss, worker_peak_rss_mib=peak_rss, timeline=timeline)
+        worker_idle_rss_mib=idle_rss, worker_peak_rss_mib=peak_rss, timeline=timeline, history=history)
 
 
 async def bare_drain_and_signal(nodes: int, latency: dict[str, float]) -> float:
@@ -234,8 +241,11 @@ def scale_worker(nodes: int, latency: dict[str, float], address: str, call_log: 
     """The worker process on the harness; stopped (SIGTERM, then SIGKILL) on exit."""
     argv = [sys.executable, "-m", "bench.scale_worker", "--nodes", str(nodes), "--latency", json.dumps(latency),
             "--restart-delay", str(RESTART_DELAY_SECONDS), "--call-log", str(call_log), "--ready", str(ready)]
+    # The fleet budget runs (its cost is part of each incident) with room for every node at once.
     env = {**os.environ, "TEMPORAL_ADDRESS": address, "RECOVERY_TASK_QUEUE": TASK_QUEUE,
-           "RECOVERY_HEALTH_CHECK": "", "RECOVERY_LOG_LEVEL": "WARNING", "PYTHONPATH": str(REPO)}
+           "RECOVERY_HEALTH_CHECK": "", "RECOVERY_LOG_LEVEL": "WARNING", "PYTHONPATH": str(REPO),
+           "RECOVERY_BUDGET_MAX_NODES": str(nodes), "RECOVERY_BUDGET_PARTITION_FRACTION": "1",
+           "RECOVERY_BUDGET_MAX_DISRUPTED_JOBS": str(nodes)}
     with process(argv, env, log, cwd=REPO) as proc:
         yield proc
 
@@ -296,6 +306,20 @@ async def _outcomes(client: Client, nodes: int) -> dict[str, int]:
 
     await asyncio.gather(*(one(i) for i in range(nodes)))
     return counts
+
+
+async def _history_per_incident(client: Client, nodes: int) -> dict[str, float]:
+    """What an incident asks of the server, counted: the median over sampled incidents of each
+    kind of history event, and the fleet budget's events (every run of it) per incident."""
+    counts = [history_counts(await history_of(client.get_workflow_handle(incident_workflow_id(node_name(i)))))
+              for i in _sample(nodes)]
+    history = {kind: median(c[kind] for c in counts) or 0 for kind in ["events", *HISTORY_KINDS]}
+    budget_events = 0
+    async for run in client.list_workflows(f"WorkflowId = '{fleet_budget_workflow_id(TASK_QUEUE)}'"):
+        budget_events += (await client.get_workflow_handle(run.id, run_id=run.run_id).describe()
+                          ).raw_description.workflow_execution_info.history_length
+    history["fleet budget events"] = round(budget_events / (nodes + 1), 1)  # + the warm-up incident
+    return history
 
 
 def _sample(nodes: int) -> list[int]:

@@ -6,7 +6,8 @@ in the same run: Temporal alone.
             to open each incident, signals to join it; the hook's few other calls, such as listing
             the running incidents at start, are left out), made straight from one client with the
             same concurrency, through the hook's own Temporal side (starter/hooks/temporal.py), on
-            a fresh dev server: the rate at which Temporal alone takes what the storm needs.
+            a fresh dev server kept as the storm's: the rate at which Temporal alone takes what the
+            storm needs.
             Its alerts/s = the storm's alerts / that time.
 """
 
@@ -20,11 +21,11 @@ from pathlib import Path
 
 from bench.services import temporal_dev_server
 from bench.stack import say
-from bench.storm import RunResult, StormSpec, run_once, summary
+from bench.storm import TEMPORAL_DBS, RunResult, StormSpec, run_once, summary
 from bench.table import Row, goal, median, percentile, row
 from contracts.models import NodeFailureAlert, RecoveryPolicy
 from contracts.settings import Settings
-from starter.hooks.temporal import TemporalIncidents
+from starter.hooks.temporal import CLIENT_OPTIONS, TemporalIncidents
 from worker import connect
 
 QUICK_NODES = 50
@@ -55,10 +56,13 @@ class StormResult:
 
     def details(self) -> str:
         lines = [f"  {len(self.storm['runs'])} run(s): {self.spec.alerts:,} alerts over {self.spec.nodes} nodes from "
-                 f"{self.spec.clients} clients; baseline: the storm's Temporal calls made straight (Temporal alone)"]
+                 f"{self.spec.clients} clients, Temporal on {self.spec.temporal_db}; baseline: the storm's Temporal "
+                 "calls made straight (Temporal alone)"]
         for i, run in enumerate(self.storm["runs"]):
             lines.append(f"  storm run {i + 1}: {run['alerts_per_s']} alerts/s, p50 {run['p50_ms']} ms, p99 "
-                         f"{run['p99_ms']} ms; Temporal calls {run['temporal_calls']}; cores {run['cpu_cores']}")
+                         f"{run['p99_ms']} ms; Temporal calls {run['temporal_calls']}; cores {run['cpu_cores']}; "
+                         f"CPU ms per alert {run['cpu_ms_per_alert']} (cores / CPU per alert: "
+                         f"{run['cpu_bound_alerts_per_s']} alerts/s); load average {run['load_average']}")
         lines += [f"  Temporal alone {i + 1}: {b.seconds:.2f} s, p99 {b.p99_ms:.1f} ms per call"
                   for i, b in enumerate(self.baseline)]
         lines.append("  (the storm's own benchmark: `python -m bench storm`; figures and analysis in the README's "
@@ -85,8 +89,9 @@ async def temporal_alone(calls: dict[str, int], spec: StormSpec, workdir: Path) 
     opens, joins = calls.get("join_or_open", 0), calls.get("join", 0)
     nodes = [f"gpu-{n:04d}" for n in range(opens)]
     latencies: list[float] = []
-    with temporal_dev_server(workdir) as (_, address):
-        client = await connect(Settings(TEMPORAL_ADDRESS=address))
+    runs: dict[str, str] = {}  # node -> the run opened, which the joins address as the hook's do
+    with temporal_dev_server(workdir, TEMPORAL_DBS[spec.temporal_db]) as (_, address):
+        client = await connect(Settings(TEMPORAL_ADDRESS=address), **CLIENT_OPTIONS)
         incidents = TemporalIncidents(client, "bench", RecoveryPolicy())
 
         async def drive(work: list[tuple[str, str, int]]) -> None:
@@ -96,7 +101,10 @@ async def temporal_alone(calls: dict[str, int], spec: StormSpec, workdir: Path) 
                 for call, node, xid in queue:
                     alert = NodeFailureAlert(node=node, xid=xid, source="bench", actor="bench storm baseline")
                     started = time.perf_counter()
-                    await getattr(incidents, call)(node, [alert])
+                    if call == "join_or_open":
+                        runs[node] = await incidents.join_or_open(node, [alert])
+                    else:
+                        await incidents.join(node, [alert], runs[node])
                     latencies.append(time.perf_counter() - started)
 
             await asyncio.gather(*(caller() for _ in range(spec.clients)))

@@ -253,6 +253,13 @@ class BudgetState(Contract):
     continued_as_new: int = Field(0, description="runs before this one")
 
 
+class BudgetInUse(Contract):
+    """The gauge recovery.budget.in_use: nodes under remediation now, by budget."""
+
+    budget: str
+    nodes: int = Field(ge=0)
+
+
 class FleetBudgetInput(Contract):
     policy: BudgetPolicy
     state: BudgetState | None = Field(None, description="set when the budget continues as new")

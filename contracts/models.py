@@ -84,7 +84,9 @@ class NodeFailureAlert(Contract):
 
 # Destructive steps an operator may be asked to approve first: requeueing the jobs (their
 # processes are killed) and bringing in replacement capacity.
-ApprovalGate = Literal["requeue", "replacement"]
+ApprovalGate = Literal["requeue", "replacement"]  # the gates a policy can require
+# Where an incident may wait for an operator: a policy gate, or over the fleet disruption budget.
+Gate = Literal["requeue", "replacement", "budget"]
 
 
 class RecoveryPolicy(Contract):
@@ -116,16 +118,23 @@ class RecoveryPolicy(Contract):
     approval_timeout_seconds: float = Field(3600.0, gt=0)
     approval_timeout_action: Literal["deny", "approve"] = Field(
         "deny", description="what an unanswered gate does; deny is the safe default: stay drained, kill nothing")
+    fleet_budget: bool = Field(
+        True, description="take a lease from the fleet disruption budget before the first destructive step "
+        "(workflows/fleet_budget.py); off only for a worker that runs no budget")
+    notify: bool = Field(False, description="send webhook notifications (incident opened, approval needed, "
+                         "failed, recovered); on when the worker has RECOVERY_NOTIFY_WEBHOOK_URL")
     search_attributes: bool = Field(
         True, description="keep the incident's search attributes (contracts/search_attributes.py) current; "
         "off only where they cannot be registered (e.g. Temporal's time-skipping test server)")
 
 
 class ApprovalRequest(Contract):
-    gate: ApprovalGate
+    gate: Gate
     question: str
     asked_at: datetime
-    deadline_at: datetime
+    deadline_at: datetime | None = Field(
+        None, description="when the policy's default answer applies; none at the budget gate, which waits "
+        "until the budget frees up or an operator answers")
 
 
 class OperatorDecision(Contract):
@@ -158,6 +167,7 @@ class SlurmNode(Contract):
     flags: list[str] = Field(default_factory=list, description="upper case: DRAIN, NOT_RESPONDING, ...")
     reason: str = ""
     comment: str = ""
+    partitions: list[str] = Field(default_factory=list)
 
     @property
     def drained(self) -> bool:
@@ -347,6 +357,7 @@ class ReturnToServiceRequest(Contract):
     kubernetes_node: str | None = Field(
         None, description="Slurm on Kubernetes: the Node the incident fenced, unfenced once the node is healthy")
     kubernetes_unfenced: bool = False
+    fleet_budget: bool = Field(False, description="ask the fleet budget first: a quarantined lemon is not returned")
     poll_seconds: float = Field(gt=0)
     give_up_at: datetime
     checks: int = 0

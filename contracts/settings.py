@@ -15,9 +15,13 @@ from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from dotenv import dotenv_values
-from pydantic import AliasChoices, BaseModel, Field, JsonValue, SecretStr, ValidationError, field_validator
+from pydantic import (
+    AliasChoices, BaseModel, Field, JsonValue, SecretStr, ValidationError, ValidationInfo, field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, DotEnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
+from contracts.budget import BudgetPolicy, WebhookTarget, partition_fractions_from
 from contracts.models import ApprovalGate, RecoveryPolicy, _check_node_name
 
 DEFAULT_XID_POLICY = Path(__file__).with_name("xid_policy.csv")
@@ -48,6 +52,18 @@ class Settings(BaseSettings):
     temporal_namespace: str = Field(
         "default", validation_alias=AliasChoices("TEMPORAL_NAMESPACE", "RECOVERY_TEMPORAL_NAMESPACE")
     )
+    # How the connection to Temporal is secured (worker.temporal_tls builds the SDK's TLSConfig).
+    temporal_tls: bool | None = Field(None, description=(
+        "TLS to Temporal: unset means on when a TLS file, a server name or an API key is set; "
+        "true alone trusts the system roots (Temporal Cloud)"))
+    temporal_tls_ca: Path | None = Field(None, description="PEM file of the CA the server's certificate must chain to")
+    temporal_tls_cert: Path | None = Field(None, description="PEM client certificate for mTLS (with the key)")
+    temporal_tls_key: Path | None = Field(
+        None, validate_default=True, description="PEM private key of the client certificate (with the cert)")
+    temporal_tls_server_name: str | None = Field(
+        None, description="the name the server's certificate is verified against (and the SNI), if not the host")
+    temporal_api_key: SecretStr | None = Field(
+        None, description="sent as 'authorization: Bearer <key>'; turns TLS on unless RECOVERY_TEMPORAL_TLS=false")
     task_queue: str = "training-recovery"
 
     slurm_conf: str | None = Field(None, validation_alias=AliasChoices("SLURM_CONF", "RECOVERY_SLURM_CONF"))
@@ -82,6 +98,22 @@ class Settings(BaseSettings):
     k8s_enabled: bool = Field(False, description="Slurm on Kubernetes (RECOVERY_K8S_* configure that side)")
     prometheus_address: str = Field(
         "", description="host:port where the worker serves the Temporal SDK's metrics for Prometheus; empty: off")
+    # Fleet safety (docs/safety.md): the disruption budget, lemon nodes, notifications, the audit log.
+    fleet_budget: bool = Field(True, description="incidents take a lease from the fleet disruption budget")
+    budget_max_nodes: int = Field(5, ge=1, description="K: nodes under remediation at once, fleet-wide")
+    budget_partition_fraction: float = Field(0.1, gt=0, le=1, description="of each partition's nodes at once (at least 1)")
+    budget_partition_fractions: str = Field("", description="per-partition overrides: gpu=0.2,debug=0.5")
+    budget_max_disrupted_jobs: int = Field(20, ge=1, description="J: running jobs disrupted per window")
+    budget_disruption_window_seconds: float = Field(3600.0, gt=0)
+    lemon_incidents: int = Field(3, ge=2, description="N incidents on a node within the window make it a lemon")
+    lemon_window_seconds: float = Field(7 * 24 * 3600.0, gt=0)
+    lease_max_seconds: float = Field(6 * 3600.0, gt=0, description="a lease held longer is reclaimed (a stuck incident)")
+    lease_holder_check_seconds: float = Field(60.0, gt=0)
+    notify_webhook_url: str = Field("", pattern=r"^(https?://.+)?$", description="POST notifications here; empty: none")
+    notify_bearer_token: SecretStr | None = None
+    notify_hmac_secret: SecretStr | None = None
+    notify_timeout_seconds: float = Field(10.0, gt=0)
+    audit_log: Path | None = Field(None, description="append every action and decision as a JSON line here")
 
     @classmethod
     def settings_customise_sources(
@@ -102,6 +134,38 @@ class Settings(BaseSettings):
             _check_node_name(name)
         return value
 
+    @field_validator("temporal_tls_ca", "temporal_tls_cert", "temporal_tls_key")
+    @classmethod
+    def _readable_pem(cls, value: Path | None) -> Path | None:
+        # Read now, so that a bad path stops the start-up instead of the first dial.
+        if value is not None:
+            try:
+                content = value.read_bytes()
+            except OSError as e:
+                raise ValueError(f"cannot read {value}: {e.strerror}") from None
+            if b"-----BEGIN " not in content:
+                raise ValueError(f"{value} is not a PEM file")
+        return value
+
+    @field_validator("temporal_tls_key")
+    @classmethod
+    def _client_cert_and_key_together(cls, key: Path | None, info: ValidationInfo) -> Path | None:
+        if "temporal_tls_cert" not in info.data:
+            return key  # the cert itself was refused: that error says why
+        if (info.data["temporal_tls_cert"] is None) != (key is None):
+            raise ValueError("RECOVERY_TEMPORAL_TLS_CERT and RECOVERY_TEMPORAL_TLS_KEY go together (mTLS): "
+                             "set both or neither")
+        return key
+
+    @model_validator(mode="after")
+    def _tls_files_need_tls(self) -> Settings:
+        given = [name for name in ("temporal_tls_ca", "temporal_tls_cert", "temporal_tls_server_name")
+                 if getattr(self, name)]
+        if self.temporal_tls is False and given:
+            raise ValueError(f"RECOVERY_TEMPORAL_TLS is false, yet {', '.join(f'RECOVERY_{n.upper()}' for n in given)} "
+                             "configure TLS: remove one or the other")
+        return self
+
     @field_validator("xid_policy_file")
     @classmethod
     def _policy_file_exists(cls, value: Path) -> Path:
@@ -118,6 +182,37 @@ class Settings(BaseSettings):
                 raise ValueError(f"{value!r} is not host:port (e.g. 127.0.0.1:9464)")
         return value
 
+    @field_validator("budget_partition_fractions")
+    @classmethod
+    def _partition_fractions(cls, value: str) -> str:
+        BudgetPolicy(partition_fractions=partition_fractions_from(value))
+        return value
+
+    @model_validator(mode="after")
+    def _webhook_authenticates_one_way(self) -> Settings:
+        try:
+            self.webhook_target()
+        except ValidationError as e:
+            raise ValueError(f"RECOVERY_NOTIFY_*: {e.errors()[0]['msg']}") from None
+        return self
+
+    def budget_policy(self) -> BudgetPolicy:
+        return BudgetPolicy(
+            max_nodes=self.budget_max_nodes, partition_fraction=self.budget_partition_fraction,
+            partition_fractions=partition_fractions_from(self.budget_partition_fractions),
+            max_disrupted_jobs=self.budget_max_disrupted_jobs,
+            disruption_window_seconds=self.budget_disruption_window_seconds,
+            lemon_incidents=self.lemon_incidents, lemon_window_seconds=self.lemon_window_seconds,
+            lease_max_seconds=self.lease_max_seconds, holder_check_seconds=self.lease_holder_check_seconds,
+            notifications=bool(self.notify_webhook_url),
+        )
+
+    def webhook_target(self) -> WebhookTarget | None:
+        if not self.notify_webhook_url:
+            return None
+        return WebhookTarget(url=self.notify_webhook_url, bearer_token=self.notify_bearer_token,
+                             hmac_secret=self.notify_hmac_secret, timeout_seconds=self.notify_timeout_seconds)
+
     def health_check_argv(self) -> list[str]:
         return shlex.split(self.health_check)
 
@@ -126,7 +221,7 @@ class Settings(BaseSettings):
         same_name = {name: getattr(self, name) for name in RecoveryPolicy.model_fields
                      if name in type(self).model_fields and name != "spare_nodes"}
         return RecoveryPolicy(
-            **same_name, kubernetes=self.k8s_enabled,
+            **same_name, kubernetes=self.k8s_enabled, notify=bool(self.notify_webhook_url),
             spare_nodes=[n.strip() for n in self.spare_nodes.split(",") if n.strip()],
         )
 
@@ -196,7 +291,7 @@ def _explain(error: ValidationError, model: type[BaseSettings]) -> str:
             continue
         field = model.model_fields.get(key)
         name = variable_names(model, key)[0] if field is not None else key.upper()
-        problems.append(f"{name}: {err['msg']}")
+        problems.append(f"{name}: {err['msg']}" if name else err["msg"])  # a model-level check names its own
     return "invalid configuration: " + "; ".join(problems)
 
 

@@ -11,6 +11,9 @@ official `kubernetes` client.
     server.requests            # [(METHOD, "path?query"), ...] of every request
     server.writes()            # the requests with a writing verb (POST, PUT, PATCH, DELETE)
     server.fail_next.append((500, "InternalError"))   # the next request gets that status
+    server.faults.inject("POST", r"/eviction$", status=500, times=2)  # faults by method and path:
+    server.faults.inject("PUT", r"/nodes/gpu-2$", drop=True)         # a status, a dropped connection,
+    server.faults.inject("GET", r"/pods", delay=5, times=None)        # a delay; class Faults below
     server.compact()           # older resourceVersions now give 410 Expired on watch
     server.finish_terminating_pods(node=None) -> int  # plays kubelet
     server.stop()
@@ -28,12 +31,15 @@ import asyncio
 import functools
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 
 import uvicorn
@@ -42,6 +48,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from .resources import ResourceType, custom_type
 from .selectors import SelectorError, fields_match, labels_match, parse_fields, parse_labels
@@ -88,6 +95,76 @@ async def _json_body(request: Request) -> object:
         raise bad_request(f"the body is not JSON: {e}") from None
 
 
+@dataclass
+class Fault:
+    method: str
+    target: re.Pattern[str]
+    status: int | None
+    reason: str
+    delay: float
+    drop: bool
+    times: int | None  # None: every matching request, for good
+    hits: int = 0
+
+
+class Faults:
+    """Test control: faults injected into the requests that match, before they reach the store.
+
+    `inject(method, target_regex, status=|delay=|drop=, times=1)` adds a rule; the regex is searched
+    in the request's path and query as `server.requests` records it, and the first rule with faults
+    left applies. `status` answers that code with a Status body (reason from `reason`, or the HTTP
+    phrase); `delay` holds the request that many seconds and then serves it (a slow server still
+    does what it was asked, even if the client has given up); `drop` closes the connection without
+    an answer. Requests no rule matches are served as usual. Thread-safe: tests inject from their
+    own thread while the server's loop takes."""
+
+    def __init__(self) -> None:
+        self._rules: list[Fault] = []
+        self._lock = threading.Lock()
+
+    def inject(self, method: str, target_regex: str, *, status: int | None = None, reason: str = "",
+               delay: float = 0.0, drop: bool = False, times: int | None = 1) -> Fault:
+        if sum((status is not None, delay > 0, drop)) != 1:
+            raise ValueError("a fault is one of status, delay or drop")
+        fault = Fault(method.upper(), re.compile(target_regex), status,
+                      reason or (HTTPStatus(status).phrase.replace(" ", "") if status else ""), delay, drop, times)
+        with self._lock:
+            self._rules.append(fault)
+        return fault
+
+    def clear(self) -> None:
+        with self._lock:
+            self._rules.clear()
+
+    def take(self, method: str, target: str) -> Fault | None:
+        """The fault this request meets (counted as hit), or None."""
+        with self._lock:
+            for fault in self._rules:
+                if (method == fault.method and (fault.times is None or fault.hits < fault.times)
+                        and fault.target.search(target)):
+                    fault.hits += 1
+                    return fault
+        return None
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while (message := await receive())["type"] == "http.request":
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """`receive` that gives `body` first, then whatever the connection has next."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay() -> dict:
+        return pending.pop() if pending else await receive()
+    return replay
+
+
 class _Uvicorn(uvicorn.Server):
     """uvicorn's server, stopped at once by stop_soon() instead of at its next 0.1 s tick (a test
     server starts and stops once per test)."""
@@ -115,6 +192,7 @@ class KubeApiServer:
         self.store = Store(add_not_ready_taint=add_not_ready_taint)
         self.requests: list[tuple[str, str]] = []
         self.fail_next: list[tuple[int, str]] = []
+        self.faults = Faults()
         self.url = ""
         self.ca_file = ""
         self._server: _Uvicorn | None = None
@@ -135,8 +213,9 @@ class KubeApiServer:
             Path(self.ca_file).write_bytes(cert)
             Path(key_file).write_bytes(key)
             tls = {"ssl_certfile": self.ca_file, "ssl_keyfile": key_file}
-        app = Starlette(routes=[Route("/{path:path}", self._handle, methods=["GET", *WRITE_VERBS])])
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", ws="none", **tls)
+        self._app = Starlette(routes=[Route("/{path:path}", self._handle, methods=["GET", *WRITE_VERBS])])
+        config = uvicorn.Config(self._with_faults, interface="asgi3", log_level="warning", access_log=False,
+                                lifespan="off", ws="none", **tls)
         self._server = _Uvicorn(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
                                         name=f"kubeapi-{port}", daemon=True)
@@ -195,6 +274,30 @@ class KubeApiServer:
         return [r for r in self.requests if r[0] in WRITE_VERBS]
 
     # -- HTTP ------------------------------------------------------------------------------------
+
+    async def _with_faults(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI app: the injected faults (Faults), then the API."""
+        fault = None
+        if scope["type"] == "http":
+            query = scope["query_string"].decode("latin-1")
+            target = scope["path"] + (f"?{query}" if query else "")
+            fault = self.faults.take(scope["method"], target)
+            if fault is not None and not fault.delay:
+                self.requests.append((scope["method"], target))
+        if fault is None:
+            return await self._app(scope, receive, send)
+        if fault.delay:
+            # The request is read first, so that it is served even if the client gave up meanwhile.
+            body = await _read_body(receive)
+            await asyncio.sleep(fault.delay)
+            return await self._app(scope, _replaying(body, receive), send)
+        if fault.drop:
+            # ASGI cannot close a connection unanswered; uvicorn's send is a method of the
+            # request's cycle, which holds the connection's transport.
+            send.__self__.transport.abort()
+            return None
+        error = ApiError(fault.status, fault.reason, f"injected by the test: {fault.status} {fault.reason}")
+        return await _error(error)(scope, receive, send)
 
     async def _handle(self, request: Request) -> Response:
         query = request.url.query

@@ -56,7 +56,3 @@ class RecoveryMetrics:
 # installs one; instruments created before that follow it).
 DEFAULT = RecoveryMetrics(metrics.get_meter(METER_NAME))
 
-
-def set_budget_in_use(nodes: int, budget: str = "default") -> None:
-    """For the disruption budget: how many nodes it has out of service now."""
-    DEFAULT.set_budget_in_use(nodes, budget)

@@ -1,7 +1,8 @@
 """`recovery`: the operator's command line.
 
   recovery drill [--xid 79] [--node NODE] [--corrupt-latest-checkpoint] [--dry-run] [--k8s] [--json]
-                 [--slurm-version V]
+                 [--slurm-version V] [--save-history DIR]
+  recovery drill --scenario NAME|all [--json] [--save-history DIR]      game day: SLOs scored
   recovery inject --node NODE --xid N [--actor WHO] [--reason WHY]
   recovery status [NODE] [--json]
   recovery list [--node N] [--xid N] [--phase P] [--outcome O] [--running] [--json]
@@ -35,11 +36,13 @@ from urllib.parse import quote
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from contracts import search_attributes as sa
+from contracts.budget import QuarantineRelease
 from contracts.models import IncidentReport, IncidentStatus, NodeFailureAlert, OperatorDecision, Phase, _check_node_name
 from contracts.settings import ConfigError, describe_config, load_settings, load_telemetry_settings
 from starter.report_html import write_report_html
@@ -86,11 +89,11 @@ def _run(work: Coroutine[Any, Any, int]) -> NoReturn:
     raise typer.Exit(asyncio.run(work))
 
 
-async def _client(address: str, namespace: str) -> Client:
+async def _client(address: str, namespace: str, **options) -> Client:
     from worker import connect
 
     settings = load_settings(TEMPORAL_ADDRESS=address, TEMPORAL_NAMESPACE=namespace)
-    return await connect(settings, attempts=10)
+    return await connect(settings, attempts=10, **options)
 
 
 async def _configured_client() -> Client:
@@ -118,30 +121,69 @@ def drill(
     as_json: bool = typer.Option(False, "--json", help="print the report as one JSON object"),
     slurm_version: SlurmVersion | None = typer.Option(
         None, help="the Slurm generation to drill on (default: the host's; the other runs from a Debian root)"),
+    scenario: str | None = typer.Option(
+        None, help="a game day scenario, or all: inject, verify, print the SLO table (exit 1 on a miss)"),
+    save_history: Path | None = typer.Option(
+        None, "--save-history", help="write each incident's Temporal history into this directory "
+        "(replay fixtures: docs/upgrades.md)"),
 ) -> None:
     from starter.drill import DrillOptions
 
+    version = slurm_version.value if slurm_version else None
+    if scenario is not None:
+        from starter.gameday import scenario_names
+
+        try:
+            names = scenario_names(scenario)
+        except KeyError as e:
+            raise BadInput(e.args[0]) from None
+        if xid != 79 or node or corrupt_latest_checkpoint or dry_run or k8s:
+            raise BadInput("a scenario injects its own failure: --xid, --node, --corrupt-latest-checkpoint, "
+                           "--dry-run and --k8s do not apply to --scenario")
+        _run(_gameday(names, scenario == "all", as_json, version, save_history))
     opts = DrillOptions(xid=xid, node=node, corrupt_latest_checkpoint=corrupt_latest_checkpoint, dry_run=dry_run,
                         k8s=k8s)
-    _run(_drill(opts, as_json, slurm_version.value if slurm_version else None))
+    _run(_drill(opts, as_json, version, save_history))
 
 
-async def _drill(opts: DrillOptions, as_json: bool, slurm_version: str | None) -> int:
-    from activities.xid_policy import XidPolicyTable
-    from starter.drill import Drill
+def _drill_stack(slurm_version: str | None) -> tuple[Settings, LocalStack]:
+    """The configuration, and the local stack a drill or game day runs on."""
     from starter.localstack import LocalStack
 
     settings = load_settings()
     stack = LocalStack(task_queue=settings.task_queue, slurm_version=slurm_version)
     if stack.slurm_root is not None:  # the other generation's cluster has a worker of its own
         stack.task_queue = f"{settings.task_queue}-{stack.slurm_generation}"
+    return settings, stack
+
+
+async def _stack_client(stack: LocalStack) -> Client:
+    # The local stack's dev server speaks plain gRPC, whatever RECOVERY_TEMPORAL_TLS* say.
+    return await _client(stack.temporal_address, "default", tls=False, api_key=None)
+
+
+async def _drill(opts: DrillOptions, as_json: bool, slurm_version: str | None, save_history: Path | None) -> int:
+    from activities.xid_policy import XidPolicyTable
+    from starter.drill import Drill
+    from starter.gameday import save_histories
+    from workflows.node_recovery import incident_workflow_id
+
+    settings, stack = _drill_stack(slurm_version)
     with LiveProgress(stderr) as progress:
         progress.say("starting what is missing of the local stack (Temporal dev server, Slurm cluster, worker)...")
         cluster = await asyncio.to_thread(stack.up)
-        client = await _client(stack.temporal_address, "default")
+        client = await _stack_client(stack)
         policy = settings.model_copy(update={"spare_nodes": cluster.get("SLURM_SPARE_NODES", "")}).policy()
         drill = Drill(client, stack, cluster, policy, XidPolicyTable(settings.xid_policy_file), say=progress.say)
         result = await drill.run(opts)
+        if save_history is not None and result.passed:  # only verified incidents become fixtures
+            label = "-".join([f"drill-xid{opts.xid}", *(["dry-run"] if opts.dry_run else []),
+                              *(["k8s"] if opts.k8s else []), *(["corrupt"] if opts.corrupt_latest_checkpoint else [])])
+            incident = client.get_workflow_handle(incident_workflow_id(result.report.node))
+            for path in await save_histories(client, label, incident, result.report, save_history):
+                progress.say(f"history saved: {path}")
+        elif save_history is not None:
+            progress.say("history not saved: the drill did not verify")
     html = write_report_html(result.report, stack.state_dir / "reports" / f"{result.report.incident_id}.html")
     if as_json:
         _print_json({**result.as_json(), "report_html": str(html)})
@@ -153,6 +195,34 @@ async def _drill(opts: DrillOptions, as_json: bool, slurm_version: str | None) -
         node_query = quote(f'RecoveryNode="{result.report.node}"')
         print(f"Web UI: http://127.0.0.1:{stack.ui_port}/namespaces/default/workflows?query={node_query}")
     return EXIT_OK if result.passed else EXIT_FAILED
+
+
+async def _gameday(names: list[str], as_list: bool, as_json: bool, slurm_version: str | None,
+                   save_history: Path | None) -> int:
+    from activities.xid_policy import XidPolicyTable
+    from starter.gameday import GameDay, exit_code
+
+    settings, stack = _drill_stack(slurm_version)
+    with LiveProgress(stderr) as progress:
+        progress.say("starting what is missing of the local stack (Temporal dev server; each scenario starts "
+                     "the Slurm cluster at its size, and a worker)...")
+        await asyncio.to_thread(stack.start_temporal)
+        client = await _stack_client(stack)
+        game = GameDay(client, stack, settings.policy(), XidPolicyTable(settings.xid_policy_file), say=progress.say,
+                       save_history=save_history)
+        results = await game.run(names)
+    if as_json:
+        found = [r.model_dump(mode="json") for r in results]
+        _print_json(found if as_list else found[0])
+    else:
+        for r in results:
+            table = Table("SLO", "target", "measured", "met", "detail",
+                          title=escape(f"{r.scenario}: {'passed' if r.passed else 'MISSED'} ({r.description})"))
+            for slo in r.slos:
+                table.add_row(escape(slo.name), escape(slo.target), "-" if slo.measured is None else escape(str(slo.measured)),
+                              "yes" if slo.met else "[bold red]NO[/]", escape(slo.detail[:160]))
+            stdout.print(table)
+    return exit_code(results)
 
 
 class LiveProgress:
@@ -541,6 +611,77 @@ async def _decide(name: str, ref: str, decision: OperatorDecision, as_json: bool
         _print_json(status.model_dump(mode="json"))
     else:
         print(f"incident {status.incident_id}: {name} accepted from {decision.actor}; phase {status.phase}")
+    return EXIT_OK
+
+
+# --- fleet budget and lemon nodes -------------------------------------------------------------
+
+
+@app.command("release-quarantine", help="let a quarantined lemon node return to service automatically again")
+def release_quarantine_command(
+    node: str = typer.Argument(..., help="the quarantined node"),
+    reason: str = typer.Option(..., help="why (e.g. the repair ticket): recorded with the release"),
+    actor: str = typer.Option(f"{getpass.getuser()} via recovery release-quarantine", help="who releases it"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    _run(_release_quarantine(checked_node(node), actor, reason, as_json))
+
+
+async def _release_quarantine(node: str, actor: str, reason: str, as_json: bool) -> int:
+    from activities.budget import release_quarantine
+    from workflows.fleet_budget import fleet_budget_workflow_id
+
+    try:
+        QuarantineRelease(node=node, actor=actor, reason=reason)
+    except ValidationError as e:
+        raise BadInput(f"release-quarantine: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}") from None
+    settings = load_settings()
+    client = await _client(settings.temporal_address, settings.temporal_namespace)
+    try:
+        status = await release_quarantine(client, node, actor, reason,
+                                          workflow_id=fleet_budget_workflow_id(settings.task_queue))
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    if as_json:
+        _print_json(status.model_dump(mode="json"))
+    else:
+        print(f"{node} released from quarantine by {actor}: it may return to service once repaired and healthy")
+    return EXIT_OK
+
+
+@app.command(help="the fleet disruption budget: leases held and waiting, quarantined lemon nodes")
+def budget(as_json: bool = JSON_OPTION) -> None:
+    _run(_budget(as_json))
+
+
+async def _budget(as_json: bool) -> int:
+    from activities.budget import fleet_budget_status
+    from workflows.fleet_budget import fleet_budget_workflow_id
+
+    settings = load_settings()
+    client = await _client(settings.temporal_address, settings.temporal_namespace)
+    try:
+        status = await fleet_budget_status(client, fleet_budget_workflow_id(settings.task_queue))
+    except RPCError as e:
+        if e.status != RPCStatusCode.NOT_FOUND:
+            raise
+        raise BadInput(f"no fleet budget runs for task queue {settings.task_queue} (it starts with the first "
+                       "incident, or with the worker)") from None
+    if as_json:
+        _print_json(status.model_dump(mode="json"))
+        return EXIT_OK
+    p = status.policy
+    print(f"{len(status.holders)} of {p.max_nodes} nodes under remediation; {len(status.waiting)} waiting; "
+          f"{status.disrupted_jobs_in_window} of {p.max_disrupted_jobs} jobs disrupted in the last "
+          f"{p.disruption_window_seconds:.0f} s")
+    table = Table("node", "incident", "lease", "since", "why", box=None)
+    for lease in status.holders + status.waiting:
+        table.add_row(lease.node, lease.incident_id, lease.status.value,
+                      f"{lease.granted_at or lease.requested_at:%Y-%m-%d %H:%M:%S}", lease.reason)
+    for q in status.quarantined:
+        table.add_row(q.node, "", "quarantined", f"{q.since:%Y-%m-%d %H:%M:%S}" if q.since else "",
+                      f"{len(q.incidents_in_window)} incident(s) in the window")
+    stdout.print(table)
     return EXIT_OK
 
 

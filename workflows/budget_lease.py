@@ -2,63 +2,12 @@
 workflow code that asks for a lease, hears of it while it waits, returns it, and asks whether
 the node is a quarantined lemon. One lease per incident id.
 
-What NodeRecoveryWorkflow adds to use it (names from this module, workflows/notify.py and
-contracts/budget.py):
-
-1. The lease, and the handler through which the budget answers each request and tells of later
-   changes (granted after waiting, expired):
-
-       # __init__
-       self._lease = BudgetLease()
-
-       @workflow.signal(name=LEASE_STATE_SIGNAL)
-       def fleet_budget_lease_state(self, state: LeaseState) -> None:
-           self._lease.on_state(state)
-
-2. In _recover, after find_jobs (the jobs it will disrupt are known) and before the first
-   destructive step (the SIGUSR1, requeue and mark-down that follow), with the node's partitions
-   and their sizes from Slurm. Over budget, the incident waits, fenced, and asks for approval
-   through its own gate machinery (ApprovalGate gains "budget"; the validator of approve/deny
-   needs self._awaiting set while it waits):
-
-       lease = await self._step("budget", self._lease.request(
-           self._incident_id, req.node, partitions, running_jobs=len(jobs)))
-       if lease.waiting:
-           self._note(f"over budget, waiting (drained, nothing killed): {lease.reason}")
-           await notify(Notification(kind=NotificationKind.APPROVAL_NEEDED, incident_id=self._incident_id,
-                                     node=req.node, at=workflow.now(), summary=lease.reason))
-           self._answer, self._awaiting = None, ApprovalRequest(gate="budget", question=..., ...)
-           await self._step("budget_wait", self._lease.wait_granted(stop=lambda: self._answer is not None))
-           self._awaiting = None
-           if not self._lease.granted and self._answer.kind == "deny":
-               ... end the incident: node left drained, nothing killed
-           if not self._lease.granted:
-               await self._lease.approve_over_budget(
-                   OperatorDecision(actor=self._answer.actor, reason=self._answer.reason))
-
-   request() returns within moments (the budget answers by signal); wait_granted() is an
-   ordinary wait_condition (no deadline: the budget frees up, or a person answers), so signals,
-   updates and queries keep being handled for hours if need be, an abort cancels it through
-   _step, and a worker restart loses nothing.
-
-3. At the end, whatever the outcome, in run():
-
-       finally:
-           await self._lease.release(self._outcome or "incident ended")
-
-   (a no-op when no lease was asked for; a terminated or crashed incident's lease is reclaimed by
-   the budget, which checks that holders still run).
-
-4. Before returning a node to service (never blocked by the budget), in ReturnToServiceWorkflow
-   before each FencingActivities.return_to_service, and for a spare about to be claimed:
-
-       if (await check_quarantine(req.node)).quarantined:
-           ... leave it out of service and look again at the next poll: once an operator has run
-           `recovery release-quarantine NODE`, it may come back
-
-   (the grant's LeaseState.quarantined says the same at the time of the grant).
-
-5. Worker registrations: see docs/safety.md ("Wiring").
+NodeRecoveryWorkflow holds a BudgetLease: `_take_lease` (phase `budget`) requests it after the
+drain and before the first destructive step, waits over budget as a gate that an operator may
+answer, and `run()` releases it in `finally`. ReturnToServiceWorkflow calls check_quarantine()
+before each look at the node. request() returns within moments (the budget answers by signal);
+wait_granted() is an ordinary wait_condition, so signals, updates and queries keep being handled
+for hours if need be, an abort cancels it, and a worker restart loses nothing.
 """
 
 from __future__ import annotations

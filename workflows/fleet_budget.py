@@ -43,6 +43,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from contracts.budget import (
+        BudgetInUse,
         BudgetPolicy,
         BudgetState,
         BudgetStatus,
@@ -64,11 +65,19 @@ from workflows.audit_trail import AuditTrail
 from workflows.notify import notify
 
 FLEET_BUDGET_WORKFLOW_ID = "fleet-budget"
+
+
+def fleet_budget_workflow_id(task_queue: str) -> str:
+    """One budget per fleet, and a fleet is what the workers of one task queue recover."""
+    return f"{FLEET_BUDGET_WORKFLOW_ID}-{task_queue}"
+
 # The incident workflow's signal handler for the answers to its requests and its lease's later
 # changes (workflows/budget_lease.py).
 LEASE_STATE_SIGNAL = "fleet_budget_lease_state"
 # Called by name: activities/budget.py imports this module for the budget's typed signals and updates.
 FIND_CLOSED_HOLDERS = "find_closed_holders"
+# activities/telemetry.py: the gauge of nodes in use, kept by the worker that runs the budget.
+RECORD_BUDGET_IN_USE = "record_budget_in_use"
 
 HOLDER_CHECK = dict(
     start_to_close_timeout=timedelta(minutes=2),
@@ -105,6 +114,7 @@ class FleetBudgetWorkflow:
         self._next_holder_check: datetime | None = None
         self._sleeping_until: datetime | None = None
         self._wake = False
+        self._reported_in_use: int | None = None
 
     # --- the incidents' side ------------------------------------------------------------------
 
@@ -165,6 +175,7 @@ class FleetBudgetWorkflow:
                 await self._check_holders()
             await self._tell_incidents()
             await self._send_notifications()
+            await self._report_in_use()
             if self._history_is_long():
                 await self._audit.flush()
                 await workflow.wait_condition(workflow.all_handlers_finished)
@@ -246,6 +257,20 @@ class FleetBudgetWorkflow:
         notifications, self._to_notify = self._to_notify, []
         for notification in notifications:
             await notify(notification)
+
+    async def _report_in_use(self) -> None:
+        in_use = len(self._ledger.holders())
+        if in_use == self._reported_in_use:
+            return
+        self._reported_in_use = in_use
+        try:
+            await workflow.execute_local_activity(
+                RECORD_BUDGET_IN_USE, BudgetInUse(budget=workflow.info().workflow_id, nodes=in_use),
+                start_to_close_timeout=timedelta(seconds=5), retry_policy=RetryPolicy(maximum_attempts=2),
+            )
+        except ActivityError as err:
+            # A metric never holds up the budget; the next change reports again.
+            workflow.logger.warning("budget gauge not recorded: %s", err.cause)
 
     def _history_is_long(self) -> bool:
         info = workflow.info()

@@ -1,20 +1,22 @@
 """NodeRecoveryWorkflow: one durable incident per failed node, deciding what happens and in what
 order. Every side effect is an activity (activities/); this module does no I/O.
 
-classify -> drain -> find jobs -> signal -> grace (durable timer, ends early on a new checkpoint)
--> requeue away from the node -> mark down -> request replacement -> wait for a healthy spare
--> verify each job resumed from its latest complete checkpoint -> report
+classify -> drain -> find jobs -> lease from the fleet disruption budget (over budget: wait,
+fenced, for the budget or an operator) -> signal -> grace (durable timer, ends early on a new
+checkpoint) -> requeue away from the node -> mark down -> request replacement -> wait for a
+healthy spare -> verify each job resumed from its latest complete checkpoint -> report; the lease
+is returned however the incident ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.workflow import ParentClosePolicy
 
@@ -23,12 +25,15 @@ with workflow.unsafe.imports_passed_through():
     from activities.jobs import JobActivities
     from activities.replacement import ReplacementActivities
     from activities.xid_policy import ClassifyActivities
+    from activities.budget import BudgetActivities
+    from contracts.budget import LeaseState, Notification, NotificationKind, PartitionShare
     from contracts.models import (
         ActionContext,
         ActionRecord,
         ApplicationXidCountRequest,
         ApprovalGate,
         ApprovalRequest,
+        Gate,
         CheckpointWaitRequest,
         DecisionRecord,
         FaultClass,
@@ -73,10 +78,18 @@ with workflow.unsafe.imports_passed_through():
         SLURM_CALL,
         SLURM_RETRY,
     )
+    from workflows.audit_trail import AuditTrail
+    from workflows.budget_lease import LEASE_STATE_SIGNAL, BUDGET_CALL, BudgetLease
+    from workflows.notify import notify
     from workflows.report import build_report
     from workflows.return_to_service import ReturnToServiceWorkflow, return_to_service_workflow_id
 
 T = TypeVar("T")
+
+# Runs that start on this code take fewer round trips through the server: classify as a local
+# activity, search attributes upserted together, the jobs signalled and requeued at once, the
+# node's partitions read alongside its jobs. Runs begun before keep their path (docs/upgrades.md).
+FEWER_ROUND_TRIPS = "fewer-round-trips"
 
 
 
@@ -98,11 +111,16 @@ class NodeRecoveryWorkflow:
         self._jobs: list[JobSnapshot] = []
         self._outcome: str | None = None
         self._indexed = True
+        self._unindexed: dict[str, SearchAttributeUpdate] = {}
         self._awaiting: ApprovalRequest | None = None
         self._answer: DecisionRecord | None = None
         self._abort: DecisionRecord | None = None
         self._decisions: list[DecisionRecord] = []
         self._return_to_service: str | None = None
+        self._lease = BudgetLease()
+        self._audit = AuditTrail()
+        self._notify_enabled = False
+        self._fewer_round_trips = False
 
     @workflow.signal
     def alert(self, alert: NodeFailureAlert) -> None:
@@ -117,6 +135,11 @@ class NodeRecoveryWorkflow:
                 self._alerts.append(alert)
             else:
                 workflow.logger.warning("ignored an alert for %s sent to the incident of %s", alert.node, self._node)
+
+    @workflow.signal(name=LEASE_STATE_SIGNAL)
+    def fleet_budget_lease_state(self, state: LeaseState) -> None:
+        """The fleet budget's answer to this incident's lease request, and later changes."""
+        self._lease.on_state(state)
 
     @workflow.update
     def approve(self, decision: OperatorDecision) -> IncidentStatus:
@@ -150,9 +173,14 @@ class NodeRecoveryWorkflow:
     def _decide(self, kind: str, decision: OperatorDecision) -> DecisionRecord:
         record = DecisionRecord(at=workflow.now(), kind=kind, gate=self._awaiting.gate if self._awaiting else None,
                                 actor=decision.actor, reason=decision.reason)
-        self._decisions.append(record)
-        workflow.logger.info("%s by %s on incident %s: %s", kind, decision.actor, self._incident_id, decision.reason)
+        self._record_decision(record, "operator")
         return record
+
+    def _record_decision(self, record: DecisionRecord, actor_kind: str) -> None:
+        self._decisions.append(record)
+        self._audit.decision(record.kind + (f"_{record.gate}" if record.gate else ""), incident=self._incident_id,
+                             node=self._node, reason=record.reason, result=record.kind, actor=record.actor,
+                             actor_kind=actor_kind)
 
     @workflow.query
     def status(self) -> IncidentStatus:
@@ -174,11 +202,13 @@ class NodeRecoveryWorkflow:
     def _peer_nodes(self) -> list[str]:
         return sorted({n for j in self._jobs for n in j.job.nodes if n != self._node})
 
-    async def _step(self, name: str, work: Awaitable[T], abortable: bool = True) -> T:
+    async def _step(self, name: str, work: Awaitable[T], abortable: bool = True, index_now: bool = True) -> T:
+        """One phase of the incident. `index_now=False` for a step that ends within the workflow
+        task it starts in (a local activity): its phase goes with the next step's upsert."""
         phase = Phase(name=name, started_at=workflow.now())
         self._phases.append(phase)
         self._phase = name
-        self._index([sa.PHASE.value_set(name)])
+        self._index([sa.PHASE.value_set(name)], now=index_now)
         try:
             return await (self._unless_aborted(work) if abortable else work)
         finally:
@@ -198,12 +228,7 @@ class NodeRecoveryWorkflow:
 
     async def _gate(self, gate: ApprovalGate, question: str, policy: RecoveryPolicy) -> DecisionRecord:
         """Waits for an operator's approve/deny; unanswered by the deadline, the policy decides."""
-        now = workflow.now()
-        self._answer = None
-        self._awaiting = ApprovalRequest(gate=gate, question=question, asked_at=now,
-                                         deadline_at=now + timedelta(seconds=policy.approval_timeout_seconds))
-        workflow.set_current_details(f"Awaiting approval ({gate}): {question}. "
-                                     f"Answer with `recovery approve|deny {self._node}`.")
+        await self._ask(gate, question, timedelta(seconds=policy.approval_timeout_seconds))
         try:
             await workflow.wait_condition(lambda: self._answer is not None,
                                           timeout=timedelta(seconds=policy.approval_timeout_seconds))
@@ -211,21 +236,87 @@ class NodeRecoveryWorkflow:
             self._answer = DecisionRecord(
                 at=workflow.now(), kind=policy.approval_timeout_action, gate=gate, actor="policy",
                 reason=f"no answer within {policy.approval_timeout_seconds:.0f} s: {policy.approval_timeout_action} by default")
-            self._decisions.append(self._answer)
+            self._record_decision(self._answer, "policy")
         answer, self._awaiting = self._answer, None
         self._note(f"{answer.kind} by {answer.actor}: {answer.reason}")
         return answer
 
-    def _index(self, updates: list) -> None:
-        if self._indexed:
-            workflow.upsert_search_attributes(updates)
+    async def _ask(self, gate: Gate, question: str, deadline: timedelta | None) -> None:
+        """Opens a gate: approve/deny are accepted from now on, and the operators hear of it."""
+        now = workflow.now()
+        self._answer = None
+        self._awaiting = ApprovalRequest(gate=gate, question=question, asked_at=now,
+                                         deadline_at=now + deadline if deadline is not None else None)
+        workflow.set_current_details(f"Awaiting approval ({gate}): {question}. "
+                                     f"Answer with `recovery approve|deny {self._node}`.")
+        await self._notify(NotificationKind.APPROVAL_NEEDED, f"{gate}: {question}")
+
+    async def _take_lease(self, node: str, jobs: list[JobSnapshot],
+                          partitions: Awaitable[list[PartitionShare]] | None) -> DecisionRecord | None:
+        """The fleet budget's lease, before the first destructive step. Over budget, the incident
+        waits here, fenced (drained, nothing killed), until the budget frees up or an operator
+        answers (no deadline). Returns an operator's denial, or None once the lease is held.
+        `partitions`: the node's partitions being read already, or None to read them now."""
+        shares = await (partitions if partitions is not None else self._read_partitions(node))
+        lease = await self._lease.request(self._incident_id, node, shares, running_jobs=len(jobs))
+        if lease.waiting:
+            self._note(f"over budget, waiting drained with nothing killed: {lease.reason}")
+            await self._ask("budget", f"put {node} under remediation although the fleet disruption budget is "
+                            f"spent ({lease.reason})", None)
+            await self._lease.wait_granted(stop=lambda: self._answer is not None)
+            answer, self._awaiting = self._answer, None
+            if not self._lease.granted:
+                assert answer is not None
+                if answer.kind == "deny":
+                    return answer
+                lease = await self._lease.approve_over_budget(OperatorDecision(actor=answer.actor,
+                                                                               reason=answer.reason))
+        lease = self._lease.state or lease
+        self._note(f"lease granted by {lease.granted_by or 'policy'}: {lease.reason}"
+                   + ("; the node is a quarantined lemon: it will not return to service automatically"
+                      if lease.quarantined else ""))
+        return None
+
+    def _read_partitions(self, node: str) -> Awaitable[list[PartitionShare]]:
+        return workflow.start_activity_method(
+            FencingActivities.partition_shares, node, summary=f"Read {node}'s Slurm partitions and their sizes",
+            **SLURM_CALL,
+        )
+
+    async def _notify(self, kind: NotificationKind, summary: str) -> None:
+        """Hands a notification to its own workflow and goes on (delivery never holds up a recovery)."""
+        if self._notify_enabled:
+            await notify(Notification(kind=kind, incident_id=self._incident_id, node=self._node, at=workflow.now(),
+                                      summary=summary[:1000]))
+
+    def _index(self, updates: list[SearchAttributeUpdate], now: bool = True) -> None:
+        """Upserts the search attributes with those kept since the last upsert; now=False keeps
+        them for the next one (runs begun before FEWER_ROUND_TRIPS upsert at once). Every upsert
+        is a command, a history event and a visibility write."""
+        if not self._indexed:
+            return
+        self._unindexed.update((update.key.name, update) for update in updates)
+        if now or not self._fewer_round_trips:
+            workflow.upsert_search_attributes(list(self._unindexed.values()))
+            self._unindexed = {}
 
     def _note(self, result: str) -> None:
         self._phases[-1].result = result
 
     @workflow.run
     async def run(self, req: RecoveryRequest) -> IncidentReport:
-        report = await self._handle(req)
+        self._notify_enabled = req.policy.notify
+        try:
+            report = await self._handle(req)
+        finally:
+            # Whatever the outcome (an abort, a failure): the budget must not wait for the lease
+            # to expire. A no-op when no lease was asked for.
+            await self._lease.release(self._outcome or "incident ended")
+        self._audit.decision("incident_outcome", incident=self._incident_id, node=self._node, reason=report.action,
+                             result=report.outcome)
+        kind = _notification_for(report.outcome)
+        if kind is not None:
+            await self._notify(kind, f"{self._node}: {report.outcome}")
         try:
             # By name: activities/telemetry.py imports this module.
             await workflow.execute_activity(
@@ -235,9 +326,12 @@ class NodeRecoveryWorkflow:
         except ActivityError as err:
             # Metrics never change an incident's outcome.
             workflow.logger.warning("the incident's metrics were not recorded: %s", err.cause)
+        await self._audit.flush()
         return report
 
     async def _handle(self, req: RecoveryRequest) -> IncidentReport:
+        # Before the incident's first command, where the two paths part.
+        self._fewer_round_trips = workflow.patched(FEWER_ROUND_TRIPS)
         self._node = req.node
         self._alerts = [a for a in self._alerts if a.node == req.node]
         self._incident_id = f"{req.node}-{workflow.now():%Y%m%dT%H%M%SZ}"
@@ -246,14 +340,18 @@ class NodeRecoveryWorkflow:
         policy = req.policy
         self._indexed = policy.search_attributes
         self._index([sa.NODE.value_set(req.node), sa.XID.value_set(first.xid)]
-                    + ([sa.GPU.value_set(first.gpu)] if first.gpu else []))
+                    + ([sa.GPU.value_set(first.gpu)] if first.gpu else []), now=False)
         workflow.set_current_details(f"Incident {self._incident_id}: XID {first.xid} on {req.node}, "
                                      f"reported by {first.actor} via {first.source}: {first.reason}")
 
-        cls = self._classification = await self._step("classify", workflow.execute_activity_method(
+        # A local activity: a lookup in the policy table held in memory takes milliseconds, and
+        # runs within the incident's first workflow task instead of a round trip through the server.
+        classify = (workflow.execute_local_activity_method if self._fewer_round_trips
+                    else workflow.execute_activity_method)
+        cls = self._classification = await self._step("classify", classify(
             ClassifyActivities.classify_fault, first, start_to_close_timeout=timedelta(seconds=30),
             summary=f"Classify XID {first.xid} by the fault policy table",
-        ), abortable=False)  # the report needs the classification; it takes milliseconds
+        ), abortable=False, index_now=False)  # the report needs the classification
         self._note(f"XID {cls.xid} {cls.mnemonic}: {cls.fault_class.value}")
         ctx = ActionContext(
             incident_id=self._incident_id, owner=policy.owner, actor=first.actor,
@@ -291,12 +389,22 @@ class NodeRecoveryWorkflow:
         fence = await self._drain(req, ctx)
         pod, fenced_at = (await self._fence_on_kubernetes(req.node, ctx)) if policy.kubernetes else (None, None)
 
+        takes_lease = policy.fleet_budget and not policy.dry_run
+        # The budget needs the node's partitions: read (a read only) with its jobs, not after them.
+        partitions = self._read_partitions(req.node) if takes_lease and self._fewer_round_trips else None
         jobs = self._jobs = await self._step("find_jobs", workflow.execute_activity_method(
             JobActivities.find_jobs, req.node, summary=f"Find the jobs running on {req.node}", **SLURM_CALL,
         ))
         self._note(", ".join(str(j.job.job_id) for j in jobs) or "no jobs")
         self._index([sa.JOB_IDS.value_set([str(j.job.job_id) for j in jobs]),
-                                           sa.PEER_NODES.value_set(self._peer_nodes())])
+                     sa.PEER_NODES.value_set(self._peer_nodes())], now=False)
+        if policy.dry_run:
+            self._skip("budget", "dry-run: no lease taken from the fleet disruption budget")
+        elif takes_lease:
+            denied = await self._step("budget", self._take_lease(req.node, jobs, partitions))
+            if denied is not None:
+                return self._finish(first, action, f"denied: over budget ({denied.actor}: {denied.reason}); "
+                                    "node stays drained, jobs left running", [], None)
 
         await self._step("signal", self._signal_jobs(jobs, ctx))
         if policy.dry_run:
@@ -351,14 +459,19 @@ class NodeRecoveryWorkflow:
     async def _replace_with_hot_spare(self, node: str, ctx: ActionContext,
                                       policy: RecoveryPolicy) -> tuple[str | None, SpareResult | None]:
         """Bare Slurm: claim and resume a hot spare, then wait until it is healthy. Returns why
-        there is no replacement (or None), and the spare."""
+        there is no replacement (or None), and the spare. A quarantined lemon is never claimed."""
+        lemons = await workflow.execute_activity_method(
+            BudgetActivities.quarantined_among, policy.spare_nodes, summary="Which hot spares are quarantined lemons",
+            **BUDGET_CALL,
+        ) if policy.fleet_budget and policy.spare_nodes else []
         replacement = await self._step("request_replacement", workflow.execute_activity_method(
             ReplacementActivities.request_replacement,
-            ReplacementRequest(failed_node=node, spare_nodes=policy.spare_nodes, ctx=ctx),
+            ReplacementRequest(failed_node=node, spare_nodes=[s for s in policy.spare_nodes if s not in lemons], ctx=ctx),
             summary=f"Request replacement capacity for {node}", **SLURM_CALL,
         ))
         self._actions.extend(replacement.actions)
-        self._note(f"{replacement.provider}: {replacement.node or 'none'} ({replacement.detail})")
+        self._note(f"{replacement.provider}: {replacement.node or 'none'} ({replacement.detail})"
+                   + (f"; quarantined spares passed over: {', '.join(lemons)}" if lemons else ""))
         if replacement.node is None:
             return replacement.detail, None
         if policy.dry_run:
@@ -450,6 +563,7 @@ class NodeRecoveryWorkflow:
             ReturnToServiceWorkflow.run,
             ReturnToServiceRequest(
                 node=node, poll_seconds=policy.repair_poll_seconds, kubernetes_node=kubernetes_node,
+                fleet_budget=policy.fleet_budget,
                 give_up_at=workflow.now() + timedelta(seconds=policy.repair_wait_seconds),
                 ctx=ctx.model_copy(update={"actor": f"{policy.owner} policy",
                                            "reason": f"return to service after repair (incident {ctx.incident_id})"}),
@@ -461,6 +575,8 @@ class NodeRecoveryWorkflow:
         self._note(f"{workflow_id} resumes {node} once repaired and healthy")
 
     async def _drain(self, req: RecoveryRequest, ctx: ActionContext) -> NodeFenceResult:
+        await self._notify(NotificationKind.INCIDENT_OPENED,
+                           f"XID {ctx.xid} {ctx.mnemonic} on {req.node} ({ctx.reason}): draining the node")
         fence = await self._step("drain", workflow.execute_activity_method(
             FencingActivities.drain_node, NodeRequest(node=req.node, ctx=ctx),
             summary=f"Drain {req.node} in Slurm: no new work lands on it", **SLURM_CALL,
@@ -503,18 +619,37 @@ class NodeRecoveryWorkflow:
         self._phases.append(Phase(name=name, started_at=now, ended_at=now, result=f"skipped: {why}"))
 
     async def _signal_jobs(self, jobs: list[JobSnapshot], ctx: ActionContext) -> None:
+        signalled = await self._for_each_job(jobs, lambda snap: self._signal_job(snap, ctx))
+        self._actions.extend(action for action in signalled if isinstance(action, ActionRecord))
+        self._note(f"SIGUSR1 to {len(jobs)} job(s)")
+
+    async def _signal_job(self, snap: JobSnapshot, ctx: ActionContext) -> ActionRecord | None:
+        try:
+            return await workflow.execute_activity_method(
+                JobActivities.signal_job, SignalRequest(job_id=snap.job.job_id, signal="USR1", ctx=ctx),
+                summary=f"SIGUSR1 to job {snap.job.job_id}: checkpoint now if you can", **SLURM_CALL,
+            )
+        except ActivityError as e:
+            # A job that ended meanwhile cannot be signalled; requeue and verify will say so.
+            workflow.logger.warning("could not signal job %s: %s", snap.job.job_id, e.cause)
+            return None
+
+    async def _for_each_job(self, jobs: list[JobSnapshot],
+                            work: Callable[[JobSnapshot], Awaitable[T]]) -> list[T | BaseException]:
+        """work(job) for every job, all at once: each touches only its own job, and the last job
+        is reached no later than the first. Outcomes in the jobs' order, a failure as its
+        exception. Runs begun before FEWER_ROUND_TRIPS went one job after another and stopped at
+        the first failure: so they replay."""
+        if self._fewer_round_trips:
+            return list(await asyncio.gather(*(work(snap) for snap in jobs), return_exceptions=True))
+        outcomes: list[T | BaseException] = []
         for snap in jobs:
             try:
-                action = await workflow.execute_activity_method(
-                    JobActivities.signal_job, SignalRequest(job_id=snap.job.job_id, signal="USR1", ctx=ctx),
-                    summary=f"SIGUSR1 to job {snap.job.job_id}: checkpoint now if you can", **SLURM_CALL,
-                )
-            except ActivityError as e:
-                # A job that ended meanwhile cannot be signalled; requeue and verify will say so.
-                workflow.logger.warning("could not signal job %s: %s", snap.job.job_id, e.cause)
-                continue
-            self._actions.append(action)
-        self._note(f"SIGUSR1 to {len(jobs)} job(s)")
+                outcomes.append(await work(snap))
+            except ActivityError as err:
+                outcomes.append(err)
+                break
+        return outcomes
 
     async def _grace(self, jobs: list[JobSnapshot], grace_seconds: float, poll_seconds: float) -> None:
         """Durable grace timer; ends early once every job has written a new complete checkpoint."""
@@ -545,15 +680,18 @@ class NodeRecoveryWorkflow:
                     w.cancel()
 
     async def _requeue(self, jobs: list[JobSnapshot], node: str, ctx: ActionContext) -> list[RequeueResult]:
-        results = []
-        for snap in jobs:
-            result = await workflow.execute_activity_method(
-                JobActivities.requeue_job, RequeueRequest(job=snap.job, failed_node=node, ctx=ctx),
-                summary=f"Requeue job {snap.job.job_id} away from {node}",
-                heartbeat_timeout=HEARTBEAT, **SLURM_CALL,
-            )
+        """A final failure of one requeue ends the incident, with the actions of the others."""
+        outcomes = await self._for_each_job(jobs, lambda snap: workflow.execute_activity_method(
+            JobActivities.requeue_job, RequeueRequest(job=snap.job, failed_node=node, ctx=ctx),
+            summary=f"Requeue job {snap.job.job_id} away from {node}",
+            heartbeat_timeout=HEARTBEAT, **SLURM_CALL,
+        ))
+        results = [outcome for outcome in outcomes if isinstance(outcome, RequeueResult)]
+        for result in results:
             self._actions.extend(result.actions)
-            results.append(result)
+        failed = next((outcome for outcome in outcomes if isinstance(outcome, BaseException)), None)
+        if failed is not None:
+            raise failed
         self._note(f"{len(jobs)} job(s) requeued off {node}")
         return results
 
@@ -579,8 +717,7 @@ class NodeRecoveryWorkflow:
             outcome = f"dry_run: {outcome} (nothing executed)"
         self._outcome = outcome
         self._phase = "done"
-        self._index([sa.PHASE.value_set("done"),
-                                           sa.OUTCOME.value_set(outcome_label(outcome))])
+        self._index([sa.PHASE.value_set("done"), sa.OUTCOME.value_set(outcome_label(outcome))])
         workflow.set_current_details(f"Incident {self._incident_id} on {self._node}: {outcome}")
         return build_report(
             incident_id=self._incident_id, node=self._node, classification=self._classification,
@@ -604,6 +741,16 @@ def _cause(err: ActivityError) -> str:
     if isinstance(cause, ApplicationError):
         return f"{cause.type}: {cause.message}" if cause.type else cause.message
     return str(cause or err)
+
+
+def _notification_for(outcome: str) -> NotificationKind | None:
+    """Operators hear of a recovery, and of every end that leaves them something to do."""
+    label = outcome_label(outcome)
+    if label == "recovered":
+        return NotificationKind.RECOVERED
+    if label.startswith(("failed", "escalated")) or label in ("spare_unhealthy", "no_replacement"):
+        return NotificationKind.FAILED
+    return None
 
 
 def _outcome(no_replacement: str | None, spare: SpareResult | None, verifications: list[JobVerification]) -> str:

@@ -4,7 +4,9 @@ Started by the incident that fenced the node (and outliving it), it looks at the
 `poll_seconds` on a durable timer: when the fence is still that incident's, slurmd answers and the
 health check hook passes, it resumes the node; a node fenced by someone else meanwhile is left as
 found. It gives up at `give_up_at`, leaving the node out of service, and says so. On Kubernetes
-it first undoes the incident's fence of the Node, once the health check passes.
+it first undoes the incident's fence of the Node, once the health check passes. A node the fleet
+budget has quarantined as a lemon is never returned: it waits (and is looked at again) until an
+operator runs `recovery release-quarantine NODE`. The budget never holds up a return otherwise.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.replacement import ReplacementActivities
     from contracts.kubernetes import K8sNodeRequest
     from contracts.models import NodeRequest, ReturnToServiceRequest, ReturnToServiceResult
+    from workflows.budget_lease import check_quarantine
     from workflows.call_options import K8S_CALL, SLURM_CALL
 
 # Checks per run before continuing as new, to keep the history short over days of waiting.
@@ -36,26 +39,32 @@ class ReturnToServiceWorkflow:
     @workflow.run
     async def run(self, req: ReturnToServiceRequest) -> ReturnToServiceResult:
         for _ in range(CHECKS_PER_RUN):
-            if req.kubernetes_node is not None and not req.kubernetes_unfenced:
-                await self._unfence_when_healthy(req)
-            check = await workflow.execute_activity_method(
-                FencingActivities.return_to_service, NodeRequest(node=req.node, ctx=req.ctx),
-                summary=f"Is {req.node} repaired? Resume it if healthy and still fenced by incident "
-                        f"{req.ctx.incident_id}", **SLURM_CALL,
-            )
-            req.checks += 1
-            if check.action is not None:
-                req.actions.append(check.action)
-            if check.final:
-                return ReturnToServiceResult(node=req.node, returned=check.returned, outcome=check.detail,
-                                             checks=req.checks, actions=req.actions)
+            quarantine = await check_quarantine(req.node) if req.fleet_budget else None
+            if quarantine is not None and quarantine.quarantined:
+                req.checks += 1
+                waiting_for = f"quarantined as a lemon; `recovery release-quarantine {req.node}` lets it return"
+            else:
+                if req.kubernetes_node is not None and not req.kubernetes_unfenced:
+                    await self._unfence_when_healthy(req)
+                check = await workflow.execute_activity_method(
+                    FencingActivities.return_to_service, NodeRequest(node=req.node, ctx=req.ctx),
+                    summary=f"Is {req.node} repaired? Resume it if healthy and still fenced by incident "
+                            f"{req.ctx.incident_id}", **SLURM_CALL,
+                )
+                req.checks += 1
+                if check.action is not None:
+                    req.actions.append(check.action)
+                if check.final:
+                    return ReturnToServiceResult(node=req.node, returned=check.returned, outcome=check.detail,
+                                                 checks=req.checks, actions=req.actions)
+                waiting_for = check.detail
             if workflow.now() >= req.give_up_at:
                 return ReturnToServiceResult(
                     node=req.node, returned=False, checks=req.checks, actions=req.actions,
-                    outcome=f"not repaired by {req.give_up_at:%Y-%m-%d %H:%M} UTC ({check.detail}): "
+                    outcome=f"not returned by {req.give_up_at:%Y-%m-%d %H:%M} UTC ({waiting_for}): "
                             "left out of service",
                 )
-            workflow.set_current_details(f"Waiting for {req.node} to be repaired: {check.detail}")
+            workflow.set_current_details(f"Waiting for {req.node} to be repaired: {waiting_for}")
             await workflow.sleep(timedelta(seconds=req.poll_seconds))
         workflow.continue_as_new(req)
 

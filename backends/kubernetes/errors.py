@@ -24,6 +24,14 @@ class JobsStillRunning(KubeRecoveryError):
     """Slurm still runs a job on the node: its slurmd pod must not be evicted."""
 
 
+class NodeStillBusy(KubeRecoveryError):
+    """No job is listed on the node any more, but Slurm still shows it busy (a requeued job's
+    processes completing). Retryable: it settles within moments; the activity's deadline turns a
+    node that stays busy into a refusal."""
+
+    final = False
+
+
 class NodeNotDrained(KubeRecoveryError):
     """Slurm does not show the node drained: its slurmd pod must not be evicted."""
 

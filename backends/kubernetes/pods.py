@@ -123,11 +123,12 @@ class SlurmdPods:
             try:
                 await call(self._core.create_namespaced_pod_eviction, pod.name, pod.namespace, eviction)
             except ApiException as e:
-                if e.status in (404, 409):  # gone, or the name is another pod's now
+                if e.status == 404 or (e.status == 409 and await self._current(pod) is None):
+                    # gone, or the name is another pod's now
                     return state, refusals, record("evict_slurmd_pod", target, "none", ctx,
                                                    f"already gone ({e.status}); Slurm: {state}")
-                if e.status != 429:
-                    raise
+                if e.status not in (409, 429):  # 409 with the pod still there: a conflict (say on
+                    raise  # its PodDisruptionBudget's status), so not evicted yet: try again
                 refusals += 1
                 if time.monotonic() + backoff > deadline:
                     raise EvictionBlocked(

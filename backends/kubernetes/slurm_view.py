@@ -11,6 +11,7 @@ from typing import Protocol, runtime_checkable
 
 from backends.kubernetes.errors import (
     JobsStillRunning,
+    NodeStillBusy,
     NodeNotDrained,
     SlurmStateUnknown,
 )
@@ -34,8 +35,9 @@ def describe(node: SlurmNode) -> str:
 
 async def confirm_evictable(slurm: SlurmNodeView, name: str) -> str:
     """The node's state, if its slurmd may go: drained, no job on it. Raises JobsStillRunning or
-    NodeNotDrained (final), SlurmNotFound (final: Slurm does not know the node), or
-    SlurmStateUnknown (retryable) when Slurm cannot be read at all."""
+    NodeNotDrained (final), SlurmNotFound (final: Slurm does not know the node), NodeStillBusy
+    (retryable: no job listed, but Slurm still shows work completing) or SlurmStateUnknown
+    (retryable) when Slurm cannot be read at all."""
     try:
         node = await slurm.get_node(name)
         jobs = await slurm.jobs_on_node(name)
@@ -47,7 +49,7 @@ async def confirm_evictable(slurm: SlurmNodeView, name: str) -> str:
         listed = ", ".join(f"{j.job_id} ({j.state})" for j in jobs)
         raise JobsStillRunning(f"{describe(node)}: job(s) {listed} still on it; requeue them first")
     if node.state in BUSY or "COMPLETING" in node.flags:
-        raise JobsStillRunning(f"{describe(node)}: Slurm still shows work on it")
+        raise NodeStillBusy(f"{describe(node)}: Slurm still shows work on it")
     if not node.drained:
         raise NodeNotDrained(f"{describe(node)}: not drained; drain it first")
     return describe(node)

@@ -71,9 +71,14 @@ class SlurmCli:
     async def _json(self, *argv: str) -> dict[str, Any]:
         out = await self.run(*argv)
         try:
-            return json.loads(out)
+            data = json.loads(out)
         except json.JSONDecodeError as e:
             raise SlurmUnavailable(f"{argv[0]} printed no JSON: {out[:200]!r}") from e
+        # 22.05's sinfo and squeue --json exit 0 when slurmctld cannot be reached: the lists are
+        # empty and the failure is in `errors`. That is an unknown state, not an empty cluster.
+        if data.get("errors"):
+            raise SlurmUnavailable(f"{argv[0]} could not read slurmctld: {data['errors']}")
+        return data
 
     async def version(self) -> tuple[int, int]:
         """The Slurm generation of these tools, e.g. (22, 5); asked once."""

@@ -42,6 +42,9 @@ class SlurmClient:
     async def get_node(self, name: str) -> SlurmNode:
         return await self._call("get_node", name)
 
+    async def list_nodes(self) -> list[SlurmNode]:
+        return await self._call("list_nodes")
+
     async def list_jobs(self) -> list[SlurmJob]:
         return await self._call("list_jobs")
 

@@ -10,7 +10,7 @@ from contracts.models import SlurmJob, SlurmNode
 
 # The fields read below, for the contract tests against each slurmrestd's OpenAPI document.
 # (22.05 keeps node flags in `state_flags`, newer versions in the `state` list.)
-NODE_FIELDS = ("name", "state", "reason", "comment")
+NODE_FIELDS = ("name", "state", "reason", "comment", "partitions")
 JOB_FIELDS = ("job_id", "job_state", "nodes", "restart_cnt", "requeue", "comment", "priority",
               "state_reason", "name", "excluded_nodes")
 
@@ -42,6 +42,7 @@ def node_from_json(raw: dict[str, Any]) -> SlurmNode:
         flags=sorted(set(flags)),
         reason=raw.get("reason") or "",
         comment=raw.get("comment") or "",
+        partitions=[str(p) for p in raw.get("partitions") or []],
     )
 
 

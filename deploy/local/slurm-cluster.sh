@@ -14,7 +14,7 @@
 # What differs between Slurm generations is keyed on the version of the binaries
 # (slurmctld -V), never on the Debian release.
 #
-#   slurm-cluster.sh start|stop|status|env|version|node-kill NODE
+#   slurm-cluster.sh start|stop|status|env|version|node-kill NODE|slurmctld-restart
 #
 # Knobs (environment): SLURM_BASE (/tmp/training-recovery/slurm), SLURM_NODES (4),
 # SLURM_SPARES (1), SLURM_PORT_BASE (16800: ctld +17, restd +20, slurmd +101..),
@@ -469,6 +469,19 @@ cmd_node_kill() {
   rm -f "$BASE/run/node-$node.pid"
 }
 
+# A controller restart: slurmctld alone stops (SIGTERM, SIGKILL after 10 s) and starts again on
+# the same slurm.conf and saved state; the nodes and their jobs go on.
+cmd_slurmctld_restart() {
+  use_root "$(root_of_base)"
+  local pid
+  pid=$(pid_in "$BASE/run/slurmctld.pid")
+  [ -n "$pid" ] || die "no running slurmctld in $BASE"
+  kill -TERM "$pid" 2>/dev/null || true
+  wait_gone "$pid"
+  rm -f "$BASE/run/slurmctld.pid"
+  start_slurmctld
+}
+
 cmd_status() {
   local f ok=0
   for f in munged slurmctld slurmrestd; do
@@ -486,6 +499,7 @@ case "${1:-}" in
   status) cmd_status ;;
   env) cat "$BASE/env.sh" ;;
   node-kill) cmd_node_kill "${2:-}" ;;
+  slurmctld-restart) cmd_slurmctld_restart ;;
   version) use_root "$ROOT"; ensure_slurm; echo "$VERSION" ;;
-  *) echo "usage: $0 start|stop|status|env|version|node-kill NODE" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|status|env|version|node-kill NODE|slurmctld-restart" >&2; exit 2 ;;
 esac

@@ -69,9 +69,10 @@ class Incidents(Protocol):
         """Hand the alerts to the node's running incident, or open its first one; returns the run id.
         Raises IncidentEnded when the node's last incident has ended."""
 
-    async def join(self, node: str, alerts: list[NodeFailureAlert]) -> None:
-        """Hand the alerts to the node's running incident (cheaper than join_or_open).
-        Raises IncidentEnded when none is running."""
+    async def join(self, node: str, alerts: list[NodeFailureAlert], run_id: str | None) -> None:
+        """Hand the alerts to the node's running incident (cheaper than join_or_open): the run
+        run_id (the one this hook handed alerts to last), or with None whichever runs.
+        Raises IncidentEnded when that run has ended, or none is running."""
 
     async def ended_at(self, node: str) -> datetime | None:
         """When the node's last incident ended; None while one is running, or if it never had one."""
@@ -262,7 +263,7 @@ class Intake:
                     run_id = await self._incidents.join_or_open(node, alerts)
                 else:  # a running incident: a plain signal is cheaper
                     self.temporal_calls["join"] += 1
-                    await self._incidents.join(node, alerts)
+                    await self._incidents.join(node, alerts, state.run_id)
                     run_id = state.run_id
             except IncidentEnded:
                 state.run_id = None

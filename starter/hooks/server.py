@@ -27,7 +27,7 @@ from starter.hooks.app import ASGIApp, HookApp
 from starter.hooks.correlation import RunningIncidents
 from starter.hooks.intake import Intake
 from starter.hooks.settings import HookSettings
-from starter.hooks.temporal import TemporalIncidents
+from starter.hooks.temporal import CLIENT_OPTIONS, TemporalIncidents
 from worker import connect
 
 log = logging.getLogger("training_recovery.hooks")
@@ -72,7 +72,7 @@ def serve(settings: Settings, hook: HookSettings) -> Coroutine[None, None, int]:
 async def _serve(settings: Settings, hook: HookSettings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     check_secondary_xids(settings, hook)  # a bad configuration is refused before anything is dialled
-    client = await connect(settings)
+    client = await connect(settings, **CLIENT_OPTIONS)
     app = build_app(settings, hook, client)
     log.info("alert hooks on http://%s:%d (auth: %s) -> Temporal %s/%s, task queue %s", hook.host, hook.port,
              ",".join(hook.auth), settings.temporal_address, settings.temporal_namespace, settings.task_queue)

@@ -44,9 +44,9 @@ class RecordingIncidents:
             raise IncidentEnded(node)
         return self._hand_over(node, alerts)
 
-    async def join(self, node: str, alerts: list[NodeFailureAlert]) -> None:
+    async def join(self, node: str, alerts: list[NodeFailureAlert], run_id: str | None) -> None:
         await self._call("join", node, alerts)
-        runs = self.runs.get(node)
+        runs = [r for r in self.runs.get(node, []) if run_id is None or r.run_id == run_id]
         if not runs or runs[-1].ended_at is not None:
             raise IncidentEnded(node)
         runs[-1].alerts.extend(alerts)

@@ -35,7 +35,7 @@ async def test_xid79_drill_recovers_the_job_from_its_latest_complete_checkpoint(
     # Replacement time and time to resume are measured apart; Slurm's requeue delay dominates the latter.
     assert r.spare_node == "gpu-5" and 0 < r.replacement_seconds < r.time_to_resume_seconds
     names = [p.name for p in r.phases]
-    assert names == ["classify", "drain", "find_jobs", "signal", "grace", "requeue", "mark_down",
+    assert names == ["classify", "drain", "find_jobs", "budget", "signal", "grace", "requeue", "mark_down",
                      "request_replacement", "wait_for_spare", "verify", "return_to_service"]
     assert r.return_to_service == f"return-to-service-{r.incident_id}"
     assert next(p for p in r.phases if p.name == "grace").result.startswith("skipped")

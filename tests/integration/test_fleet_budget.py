@@ -38,10 +38,16 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, Worker
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from activities.audit import write_audit
 from activities.budget import BudgetActivities, fleet_budget_status, release_quarantine
 from activities.notify import NotifyActivities
+from activities.telemetry import TelemetryActivities
+from observability.metrics import RecoveryMetrics
+from starter.localstack import wait_async
+from tests.integration.test_telemetry import points
 from contracts.audit import configure_sink, remove_sink
 from contracts.budget import (
     BudgetPolicy,
@@ -154,6 +160,7 @@ class Fleet:
     client: Client
     task_queue: str
     budget_id: str
+    metrics: InMemoryMetricReader
 
     def plan(self, n: int, node: str | None = None, **fields) -> StandInPlan:
         node = node or f"gpu-{n}"
@@ -214,20 +221,20 @@ async def fleet(env, policy: BudgetPolicy, webhook: WebhookTarget | None = None,
     budget_id = f"fleet-budget-{uuid.uuid4().hex[:8]}"
     budget = BudgetActivities(env.client, policy, task_queue, workflow_id=budget_id)
     notifier = NotifyActivities(webhook)
+    reader = InMemoryMetricReader()
+    metrics = RecoveryMetrics(MeterProvider(metric_readers=[reader]).get_meter("test"))
     activities = [request_lease(budget) if request_lease else budget.request_lease, budget.check_quarantine,
-                  budget.find_closed_holders, notifier.deliver_notification, write_audit]
-    under_test = Fleet(env.client, task_queue, budget_id)
-    try:
-        async with Worker(env.client, task_queue=task_queue, activities=activities, max_concurrent_activities=50,
-                          workflows=[FleetBudgetWorkflow, NotificationWorkflow, StandInIncident, NotifyingCaller,
-                                     ClockAnchor]):
-            anchor = await env.client.start_workflow(ClockAnchor.run, id=f"clock-{budget_id}", task_queue=task_queue)
-            yield under_test
-            await under_test.end_budget()
-            await anchor.signal(ClockAnchor.stop)
-            await anchor.result()
-    finally:
-        await notifier.aclose()
+                  budget.find_closed_holders, notifier.deliver_notification, write_audit,
+                  TelemetryActivities(metrics).record_budget_in_use]
+    under_test = Fleet(env.client, task_queue, budget_id, reader)
+    async with Worker(env.client, task_queue=task_queue, activities=activities, max_concurrent_activities=50,
+                      workflows=[FleetBudgetWorkflow, NotificationWorkflow, StandInIncident, NotifyingCaller,
+                                 ClockAnchor]):
+        anchor = await env.client.start_workflow(ClockAnchor.run, id=f"clock-{budget_id}", task_queue=task_queue)
+        yield under_test
+        await under_test.end_budget()
+        await anchor.signal(ClockAnchor.stop)
+        await anchor.result()
 
 
 @pytest_asyncio.fixture
@@ -311,6 +318,22 @@ async def test_a_partition_fraction_limits_its_nodes(time_skipping_env):
     assert results[2].held.granted_at - results[0].held.granted_at >= timedelta(seconds=600)
     gpu_incidents = {p.incident_id for p in plans[:3]}
     assert max(concurrent_holders([e for e in timeline if e.incident_id in gpu_incidents])) == 2
+
+
+async def test_the_budget_gauge_follows_the_nodes_in_use(time_skipping_env):
+    """recovery.budget.in_use: what operators chart; fed by the budget as leases come and go."""
+    async with fleet(time_skipping_env, BudgetPolicy(max_nodes=5)) as f:
+        handles = [await f.start(f.plan(n, hold_seconds=600 * n)) for n in (1, 2)]
+
+        async def gauge_reads(nodes: int) -> bool:
+            found = {p.attributes["budget"]: p.value for p in points(f.metrics).get("recovery.budget.in_use", [])}
+            return found.get(f.budget_id) == nodes
+
+        await wait_async(lambda: gauge_reads(2), 30, "the gauge to read 2 nodes in use")
+        await handles[0].result()
+        await wait_async(lambda: gauge_reads(1), 30, "the gauge to read 1 once the first lease is returned")
+        await handles[1].result()
+        await wait_async(lambda: gauge_reads(0), 30, "the gauge to read 0 once both leases are returned")
 
 
 async def test_disrupted_jobs_per_window_hold_the_next_incident_until_the_window_passes(time_skipping_env):

@@ -26,8 +26,10 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from contracts.models import NodeFailureAlert
+from bench.storm import StormSpec, run_once
+from contracts.models import NodeFailureAlert, RecoveryPolicy
 from contracts.settings import Settings
+from starter.alerts import raise_alerts
 from starter.hooks.server import build_app, listening
 from starter.hooks.settings import HookSettings
 from starter.hooks.testing import alertmanager_payload, dcgm_alert, gpu_health_event, kernel_log_post, xid_line
@@ -180,6 +182,27 @@ async def test_a_replay_after_the_incident_ended_never_restarts_it(temporal_env,
     assert [a.xid for a in await absorbed(temporal_env.client, node)] == [48]
 
 
+async def test_a_hook_that_knows_an_ended_run_hands_over_to_the_one_opened_since(temporal_env, task_queue, nodes):
+    """The hook signals the run it handed alerts to; once that has ended and someone else (another
+    hook, `recovery inject`) opened a new incident, its next alert joins that one: no third run."""
+    node = nodes[0]
+    async with start_hook(temporal_env, task_queue) as url, httpx.AsyncClient(base_url=url) as http:
+        first = gpu_health_event(node, 79, now() - timedelta(seconds=60))
+        assert (await post(http, "/v1/alerts/gpu-health", first)).json()["accepted"] == 1
+        await temporal_env.client.get_workflow_handle(incident_workflow_id(node)).terminate("recovered (test)")
+        injected = NodeFailureAlert(node=node, xid=48, source="inject", actor="test")
+        opened = await raise_alerts(temporal_env.client, [injected], task_queue, RecoveryPolicy())
+        later = gpu_health_event(node, 94, now(), gpu=2)
+        answer = (await post(http, "/v1/alerts/gpu-health", later)).json()
+        assert answer["accepted"] == 1, answer
+        # the signal went to the ended run and failed; describe, then signal-with-start joined
+        calls = (await http.get("/metrics")).text
+        for call in ("join", "ended_at", "open_after_end"):
+            assert f'recovery_hook_temporal_calls_total{{call="{call}"}} 1' in calls, calls
+    await assert_runs(temporal_env.client, {node: 2})
+    assert [a.xid for a in await absorbed(temporal_env.client, node, opened.result_run_id)] == [48, 94]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -213,3 +236,17 @@ async def test_recovery_hooks_serves_the_openapi_document_and_alerts(temporal_en
     assert proc.returncode == 0, output
     assert TOKEN not in output
     await assert_runs(temporal_env.client, {nodes[0]: 1})
+
+
+async def test_the_storm_benchmark_keeps_temporal_on_a_wal_sqlite_file(tmp_path):
+    """`python -m bench storm` as it measures: a fresh dev server on a sqlite file in WAL mode (the
+    pragmas are taken, not ignored: the file's header says WAL), `recovery hooks` in front of it, and a
+    small storm still makes exactly one incident per node, every distinct alert handed over once."""
+    spec = StormSpec(nodes=6, copies=2, temporal_db="sqlite-wal")
+    run = await run_once(spec, tmp_path)
+    distinct = spec.nodes * spec.distinct_per_node
+    assert (run.incidents, run.errors) == (spec.nodes, 0)
+    assert run.outcomes == {"accepted": distinct, "correlated": 0, "duplicate": distinct, "dropped": 0}
+    [database] = tmp_path.glob("temporal-*.db")
+    assert database.read_bytes()[18:20] == b"\x02\x02"  # sqlite's file format versions: 2 = WAL
+    assert all(ms > 0 for ms in run.cpu_ms_per_alert.values()), run.cpu_ms_per_alert

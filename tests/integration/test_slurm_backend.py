@@ -4,12 +4,16 @@ OpenAPI document the running slurmrestd serves."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
+from backends.replacement import SPARE_STANDBY_REASON, HotSparePool
 from backends.slurm import SlurmCli, SlurmClient, SlurmNotFound, SlurmRest, SlurmUnavailable
 from backends.slurm.parse import JOB_FIELDS, NODE_FIELDS
 from backends.slurm.rest import ENDPOINTS, KNOWN_VERSIONS
+from contracts.models import ActionContext
 
 pytestmark = pytest.mark.slurm
 COMPUTE_NODE = "gpu-4"  # no drill job lands here while a test runs alone
@@ -190,3 +194,38 @@ async def test_a_node_downed_by_the_controller_stays_down_when_its_slurmd_return
 
 async def _not_responding(client) -> bool:
     return not (await client.get_node(COMPUTE_NODE)).responding
+
+
+async def test_two_incidents_racing_for_one_spare_get_it_once(backends, slurm_cluster):
+    """Both read the spare as free at once; Slurm's RESUME (which succeeds once) decides, and the
+    loser comes away with nothing rather than a spare already taken."""
+    *_, client = backends
+    [spare] = slurm_cluster["SLURM_SPARE_NODES"].split(",")
+    pool = HotSparePool(client)
+
+    def incident(n: int) -> ActionContext:
+        return ActionContext(incident_id=f"race-{n}", owner="recovery", actor="pytest", reason="spare race", xid=79)
+
+    try:
+        for attempt in range(3):
+            await client.set_node_comment(spare, "")
+            await client.update_node(spare, "DRAIN", f"recovery: {SPARE_STANDBY_REASON}")
+            first, second = await asyncio.gather(pool.request("gpu-1", [spare], incident(2 * attempt)),
+                                                 pool.request("gpu-2", [spare], incident(2 * attempt + 1)))
+            winners = [r for r in (first, second) if r.node == spare]
+            assert len(winners) == 1, (attempt, first, second)
+            [winner] = winners
+            loser = second if winner is first else first
+            assert loser.node is None and "no hot spare" in loser.detail
+            node = await client.get_node(spare)
+            assert not node.drained
+            winner_ctx, loser_ctx = ((incident(2 * attempt), incident(2 * attempt + 1)) if winner is first
+                                     else (incident(2 * attempt + 1), incident(2 * attempt)))
+            # The claim is the winner's, or (when the loser's last write crossed the winner's) none:
+            # never the loser's, so that no retry of the loser takes a spare already in use.
+            assert node.comment in (HotSparePool.claim_comment(winner_ctx), ""), node.comment
+            again = await pool.request("gpu-2", [spare], loser_ctx)
+            assert again.node is None
+    finally:
+        await client.set_node_comment(spare, "")
+        await client.update_node(spare, "DRAIN", f"recovery: {SPARE_STANDBY_REASON}")

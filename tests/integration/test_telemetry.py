@@ -38,9 +38,12 @@ from workflows.node_recovery import incident_workflow_id
 from worker import activities_for, build_slurm, build_worker
 
 REPO = Path(__file__).resolve().parents[2]
-ACTIVITIES_OF_A_FATAL_XID = {"classify_fault", "drain_node", "find_jobs", "signal_job", "requeue_job",
-                             "mark_node_down", "request_replacement", "wait_for_spare", "verify_restart",
-                             "record_incident"}
+# In the incident's trace: its own activities, the fleet budget's lease and the audit line of
+# its outcome (a local activity). The budget's own workflow has a trace of its own.
+ACTIVITIES_OF_A_FATAL_XID = {"classify_fault", "drain_node", "find_jobs", "partition_shares", "request_lease",
+                             "signal_job", "requeue_job", "mark_node_down", "quarantined_among",
+                             "request_replacement", "wait_for_spare", "verify_restart", "record_incident",
+                             "write_audit"}
 
 
 @pytest.fixture(scope="session")
@@ -75,7 +78,8 @@ async def traced_worker(temporal_env, settings, spans, metric_reader):
 def points(reader: InMemoryMetricReader) -> dict[str, list]:
     """Every data point by metric name."""
     found: dict[str, list] = {}
-    for resource in reader.get_metrics_data().resource_metrics:
+    data = reader.get_metrics_data()  # None until something was recorded
+    for resource in data.resource_metrics if data else []:
         for scope in resource.scope_metrics:
             for metric in scope.metrics:
                 found.setdefault(metric.name, []).extend(metric.data.data_points)

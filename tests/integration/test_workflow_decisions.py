@@ -17,6 +17,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.worker import Worker
 
+from activities.audit import write_audit
 from contracts.kubernetes import K8sNodeRequest, K8sUnfenceResult
 from contracts.models import (
     ActionContext,
@@ -158,8 +159,9 @@ class StandIns:
                                    restart_count_before=0, restart_count_after=1,
                                    nodes_before=JOB.nodes, nodes_after=["gpu-1", "gpu-3"])
 
+        # write_audit is the real one: the incident's decisions go to the audit log as in production.
         return [classify_fault, count_application_incidents, record_incident, return_to_service, drain_node, mark_node_down, find_jobs, signal_job, wait_for_checkpoint,
-                requeue_job, request_replacement, wait_for_spare, verify_restart]
+                requeue_job, request_replacement, wait_for_spare, verify_restart, write_audit]
 
 
 @asynccontextmanager
@@ -170,9 +172,10 @@ async def incident(env, stand_ins: StandIns, xid: int, grace: float = 600.0, *, 
     async with Worker(env.client, task_queue=task_queue, workflows=[NodeRecoveryWorkflow, ReturnToServiceWorkflow],
                       activities=stand_ins.activities()):
         alert = NodeFailureAlert(node=node, xid=xid, gpu=gpu, message=message, source="test", actor="pytest")
-        # the time-skipping test server cannot register search attributes
+        # The time-skipping test server cannot register search attributes; the fleet budget's
+        # part in an incident is tested on the real stack (test_incident_safety.py).
         policy = RecoveryPolicy(degrading_grace_seconds=grace, spare_nodes=["gpu-5"],
-                                **{"search_attributes": False, **policy})
+                                **{"search_attributes": False, "fleet_budget": False, **policy})
         handle = await raise_alert(env.client, alert, task_queue, policy)
         yield handle
         # Let the return-to-service child finish on this worker: an activity left without a

@@ -79,7 +79,7 @@ async def test_locate_finds_the_pod_of_a_slurm_node_and_its_node(recovery, seede
 @pytest.mark.parametrize("situation, error, final", [
     ("job running", "JobsStillRunning", True),
     ("not drained", "NodeNotDrained", True),
-    ("allocated", "JobsStillRunning", True),
+    ("allocated", "NodeStillBusy", False),  # no job listed, work completing: settles, so retried
     ("unknown to Slurm", "SlurmNotFound", True),
     ("Slurm unreadable", "SlurmStateUnknown", False),
 ])

@@ -1,6 +1,6 @@
-"""policy/v1 Eviction and PodDisruptionBudgets. These run on the test server only: on a real
-cluster the disruption controller fills in a PDB's status asynchronously (and wants pods with
-controllers for percentages), so the same calls give timing-dependent answers there."""
+"""policy/v1 Eviction and PodDisruptionBudgets. On a real cluster the disruption controller fills
+in a PDB's status asynchronously: kube_seed.pdb returns once it has (kube_driver.settle_budget),
+so the evictions below see the same budget as on the test server."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tests.kubeapi.fixtures import expect_api_error
 
 
 @pytest.fixture
-def core(kube_server, kube_client) -> client.CoreV1Api:
+def core(kube_client) -> client.CoreV1Api:
     return client.CoreV1Api(kube_client)
 
 
@@ -23,10 +23,10 @@ def evict(core: client.CoreV1Api, name: str, namespace: str, **delete_options):
 
 @pytest.fixture
 def trainers(kube_seed, kube_namespace) -> list[str]:
-    kube_seed.node("gpu-0")
+    kube_seed.node(f"{kube_namespace}-n0")
     names = [f"train-{i}" for i in range(3)]
     for name in names:
-        kube_seed.pod(name, kube_namespace, node="gpu-0", labels={"app": "train"})
+        kube_seed.pod(name, kube_namespace, node=f"{kube_namespace}-n0", labels={"app": "train"})
     return names
 
 
@@ -66,7 +66,7 @@ def test_a_budget_counts_only_its_namespace_and_selector(core, kube_seed, kube_n
 
 
 def test_a_pod_that_is_not_running_is_evicted_despite_the_budget(core, kube_seed, kube_namespace, trainers):
-    kube_seed.pod("pending", kube_namespace, node="gpu-0", labels={"app": "train"}, phase="Pending")
+    kube_seed.pod("pending", kube_namespace, node=f"{kube_namespace}-n0", labels={"app": "train"}, phase="Pending")
     kube_seed.pdb("train", kube_namespace, {"app": "train"}, min_available=4)
     evict(core, "pending", kube_namespace)
 

@@ -11,7 +11,7 @@ from kubernetes import client
 from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
-from tests.kubeapi.fixtures import expect_api_error
+from tests.kubeapi.fixtures import eventually, expect_api_error
 
 NODESET = ("slinky.slurm.net", "v1alpha1")
 
@@ -142,12 +142,14 @@ def test_deleting_a_pod_on_a_node_leaves_it_terminating(core, kube_namespace, ku
     expect_api_error(404, core.read_namespaced_pod, "unbound", kube_namespace)
 
 
-def test_the_kubelet_hook_finishes_terminating_pods(kube_server, core, kube_namespace, kube_seed):
-    kube_seed.node("gpu-0")
-    kube_seed.pod("p", kube_namespace, node="gpu-0")
+def test_the_kubelet_finishes_terminating_pods(kube_driver, core, kube_namespace, kube_seed):
+    node, other = f"{kube_namespace}-n0", f"{kube_namespace}-n1"
+    kube_seed.node(node)
+    kube_seed.pod("p", kube_namespace, node=node)
     core.delete_namespaced_pod("p", kube_namespace)
-    assert kube_server.finish_terminating_pods(node="gpu-1") == 0
-    assert kube_server.finish_terminating_pods(node="gpu-0") == 1
+    assert kube_driver.finish_terminating_pods(kube_namespace, node=other) == 0
+    assert core.read_namespaced_pod("p", kube_namespace).metadata.deletion_timestamp is not None
+    assert kube_driver.finish_terminating_pods(kube_namespace, node=node) == 1
     expect_api_error(404, core.read_namespaced_pod, "p", kube_namespace)
 
 
@@ -183,12 +185,22 @@ def test_events_can_be_recorded_and_listed(core, kube_namespace):
     assert [e.reason for e in events] == ["NodeRecovery"]
 
 
-def test_deleting_a_namespace_deletes_what_is_in_it(kube_server, core):
-    core.create_namespace({"metadata": {"name": "doomed"}})
-    core.create_namespaced_config_map("doomed", {"metadata": {"name": "cm"}})
-    core.delete_namespace("doomed")
-    expect_api_error(404, core.read_namespace, "doomed")
-    assert core.list_namespaced_config_map("doomed").items == []
+def test_deleting_a_namespace_deletes_what_is_in_it(core, kube_namespace):
+    doomed = f"{kube_namespace}-doomed"
+    core.create_namespace({"metadata": {"name": doomed}})
+    core.create_namespaced_config_map(doomed, {"metadata": {"name": "cm"}})
+    core.delete_namespace(doomed)
+
+    def gone() -> bool:  # at once on the test server; a real one's namespace controller takes a while
+        try:
+            core.read_namespace(doomed)
+        except client.ApiException as e:
+            assert e.status == 404, e.body
+            return True
+        return False
+
+    eventually(gone, timeout=120, interval=0.5)
+    assert core.list_namespaced_config_map(doomed).items == []
 
 
 def test_leases_work_with_the_clients_lease_lock(kube_client, kube_namespace):

@@ -111,10 +111,10 @@ def test_watch_flag_spellings(kube_client, kube_namespace):
         assert list(pool.map(watch_with, ["true", "True", "1"])) == [(200, ["ADDED"])] * 3
 
 
-def test_after_compaction_an_old_resource_version_is_410_and_a_relist_recovers(kube_server, core, kube_namespace):
-    old = core.list_namespaced_config_map(kube_namespace).metadata.resource_version
+def test_after_compaction_an_old_resource_version_is_410_and_a_relist_recovers(kube_driver, core, kube_namespace):
+    listed = core.list_namespaced_config_map(kube_namespace).metadata.resource_version
     core.create_namespaced_config_map(kube_namespace, cm("a"))
-    kube_server.compact()
+    old = kube_driver.expired_resource_version(listed)
     with pytest.raises(client.ApiException) as expired:
         list(watch.Watch().stream(core.list_namespaced_config_map, kube_namespace, resource_version=old,
                                   timeout_seconds=1))
@@ -126,10 +126,13 @@ def test_after_compaction_an_old_resource_version_is_410_and_a_relist_recovers(k
     assert events(stream, 1) == [("ADDED", "b")]
 
 
-def test_the_error_event_is_a_410_expired_status(kube_server, kube_client, kube_namespace):
-    kube_server.compact()
+def test_the_error_event_is_a_410_expired_status(kube_driver, kube_client, kube_namespace):
+    core = client.CoreV1Api(kube_client)
+    listed = core.list_namespaced_config_map(kube_namespace).metadata.resource_version
+    core.create_namespaced_config_map(kube_namespace, cm("a"))  # history moves past it
+    old = kube_driver.expired_resource_version(listed)
     status, body = raw_request(kube_client, "GET", f"/api/v1/namespaces/{kube_namespace}/configmaps"
-                                                   "?watch=true&timeoutSeconds=1&resourceVersion=1")
+                                                   f"?watch=true&timeoutSeconds=1&resourceVersion={old}")
     event = json.loads(body)
     assert status == 200 and event["type"] == "ERROR"
     assert (event["object"]["kind"], event["object"]["code"], event["object"]["reason"]) == ("Status", 410, "Expired")

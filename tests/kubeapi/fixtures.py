@@ -4,15 +4,20 @@
                     slinky.slurm.net/v1alpha1 "nodesets" registered with /status and /scale),
                     stopped after the test. When RECOVERY_TEST_KUBECONFIG names a kubeconfig, a
                     RealCluster handle on that cluster instead (its .kubeconfig(path) returns that file).
-    kube_server     the same KubeApiServer, for tests that need its hooks (compact(),
-                    finish_terminating_pods(), fail_next, requests); skipped on a real cluster.
+    kube_server     the same KubeApiServer, for tests that need what only it has (fail_next,
+                    requests, stop()); skipped on a real cluster.
+    kube_driver     a ClusterDriver: what a test needs the cluster to do that no API call of the
+                    code under test does (watch history expiring, a kubelet finishing a pod, the
+                    disruption controller computing a PDB's status), by the test server's hooks
+                    or, on a real cluster, by that cluster's own means. kube_seed settles each PDB
+                    through it.
     kube_client     a kubernetes.client.ApiClient built from kube_api's kubeconfig with
                     kubernetes.config.new_client_from_config (never the global default), closed after.
     kube_namespace  the name of a fresh namespace for the test (deleted after it on a real cluster).
     kube_seed       a KubeSeed: creates Nodes, Pods and PodDisruptionBudgets through the client in
                     the states tests usually need (a real apiserver resets a new Pod's status, so
-                    a Running pod takes a create and a /status write); on a real cluster it also
-                    deletes the Nodes it made.
+                    a Running pod takes a create and a /status write; a PDB is returned once its
+                    status is computed); on a real cluster it also deletes the Nodes it made.
 
 Helpers: expect_api_error(status, call, *args, **kwargs) -> the Status body of the error;
 eventually(probe, timeout=5) -> probe()'s first truthy result (polls, fails at the deadline);
@@ -25,6 +30,7 @@ import json
 import os
 import time
 import uuid
+from typing import Protocol
 
 import pytest
 from kubernetes import client, config
@@ -77,6 +83,77 @@ def kube_client(kube_api, tmp_path):
     api_client.close()
 
 
+class ClusterDriver(Protocol):
+    def expired_resource_version(self, recent: str) -> str:
+        """A resourceVersion a watch can no longer start from (410 Gone), given a `recent` one."""
+
+    def finish_terminating_pods(self, namespace: str, node: str | None = None) -> int:
+        """What a kubelet does once a deleted pod's containers stopped: remove the Terminating pods
+        of the namespace (on `node`); returns how many."""
+
+    def settle_budget(self, budget: client.V1PodDisruptionBudget) -> client.V1PodDisruptionBudget:
+        """The PDB once the disruption controller has computed its status for its spec."""
+
+
+class TestServerDriver:
+    """The in-repo server: its hooks do at once what a cluster's controllers do in time."""
+
+    def __init__(self, server: KubeApiServer):
+        self.server = server
+
+    def expired_resource_version(self, recent: str) -> str:
+        self.server.compact()  # only now does the server forget history
+        return recent
+
+    def finish_terminating_pods(self, namespace: str, node: str | None = None) -> int:
+        return self.server.finish_terminating_pods(node=node)  # the server holds this test's namespace only
+
+    def settle_budget(self, budget: client.V1PodDisruptionBudget) -> client.V1PodDisruptionBudget:
+        return budget  # evictions compute the budget when they are asked (no status is kept)
+
+
+class RealClusterDriver:
+    """A real cluster. kube_seed's Nodes have no kubelet, so this driver makes the kubelet's last
+    write itself: the DELETE with a zero grace period, for that pod's uid only."""
+
+    DEADLINE = 60.0  # seconds for a controller or the apiserver to catch up
+
+    def __init__(self, api_client: client.ApiClient):
+        self.core = client.CoreV1Api(api_client)
+        self.policy = client.PolicyV1Api(api_client)
+
+    def expired_resource_version(self, recent: str) -> str:
+        # etcd compacts every 5 minutes and the watch cache holds fewer events: "1" is long gone.
+        return "1"
+
+    def finish_terminating_pods(self, namespace: str, node: str | None = None) -> int:
+        selector = f"spec.nodeName={node}" if node else ""
+        pods = [p for p in self.core.list_namespaced_pod(namespace, field_selector=selector).items
+                if p.metadata.deletion_timestamp is not None]
+        for pod in pods:
+            self.core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0,
+                                            body=client.V1DeleteOptions(preconditions={"uid": pod.metadata.uid}))
+        names = {p.metadata.name for p in pods}
+        eventually(lambda: not names & {p.metadata.name for p in self.core.list_namespaced_pod(namespace).items},
+                   timeout=self.DEADLINE)
+        return len(pods)
+
+    def settle_budget(self, budget: client.V1PodDisruptionBudget) -> client.V1PodDisruptionBudget:
+        name, namespace = budget.metadata.name, budget.metadata.namespace
+
+        def computed():
+            read = self.policy.read_namespaced_pod_disruption_budget(name, namespace)
+            status = read.status
+            return read if status and status.observed_generation == read.metadata.generation else None
+
+        return eventually(computed, timeout=self.DEADLINE, interval=0.2)
+
+
+@pytest.fixture
+def kube_driver(kube_api, kube_client) -> ClusterDriver:
+    return TestServerDriver(kube_api) if isinstance(kube_api, KubeApiServer) else RealClusterDriver(kube_client)
+
+
 @pytest.fixture
 def kube_namespace(kube_api, kube_client):
     core = client.CoreV1Api(kube_client)
@@ -97,9 +174,10 @@ def kube_namespace(kube_api, kube_client):
 
 
 class KubeSeed:
-    def __init__(self, api_client: client.ApiClient):
+    def __init__(self, api_client: client.ApiClient, driver: ClusterDriver):
         self.core = client.CoreV1Api(api_client)
         self.policy = client.PolicyV1Api(api_client)
+        self.driver = driver
         self.nodes: list[str] = []
 
     def node(self, name: str, *, ready: bool = True, gpus: int = 8, labels: dict | None = None,
@@ -132,7 +210,8 @@ class KubeSeed:
             spec["minAvailable"] = min_available
         if max_unavailable is not None:
             spec["maxUnavailable"] = max_unavailable
-        return self.policy.create_namespaced_pod_disruption_budget(namespace, {"metadata": {"name": name}, "spec": spec})
+        return self.driver.settle_budget(
+            self.policy.create_namespaced_pod_disruption_budget(namespace, {"metadata": {"name": name}, "spec": spec}))
 
     def cleanup(self) -> None:
         for name in self.nodes:
@@ -144,8 +223,8 @@ class KubeSeed:
 
 
 @pytest.fixture
-def kube_seed(kube_api, kube_client):
-    seed = KubeSeed(kube_client)
+def kube_seed(kube_api, kube_client, kube_driver):
+    seed = KubeSeed(kube_client, kube_driver)
     yield seed
     if not isinstance(kube_api, KubeApiServer):  # the test server goes away whole
         seed.cleanup()

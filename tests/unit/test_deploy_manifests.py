@@ -1,22 +1,30 @@
 """deploy/kubernetes: it renders, every object is a valid Kubernetes object (it survives a round
 trip through the official client's models, so a misspelt field fails), the RBAC grants exactly
-what backends/kubernetes/calls.py says the code calls, and the configuration is one the worker
-and the hooks accept."""
+what backends/kubernetes/calls.py says the code calls, the configuration is one the worker
+and the hooks accept (every Temporal variable set or suggested is a setting, no secret in a
+ConfigMap), and deploy/image/Containerfile installs what pyproject.toml does and runs what the
+manifests run."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
+import typer
 import yaml
 from kubernetes.client import ApiClient
+from pydantic import SecretStr
 
 from backends.kubernetes.calls import rbac_rules
 from contracts.k8s_settings import KubernetesSettings
-from contracts.settings import Settings
+from contracts.settings import Settings, variable_names
+from starter.cli import app as cli_app
 from starter.hooks.settings import HookSettings
 
 BASE = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
@@ -88,7 +96,7 @@ def test_the_configuration_is_accepted_by_the_worker_and_the_hooks(objects, monk
     k8s = KubernetesSettings()
     hooks = HookSettings()
     assert k8s.enabled and k8s.nodeset_name
-    assert set(secret) == {"SLURMRESTD_TOKEN", "RECOVERY_K8S_HTTP_TOKEN", "hooks-token"}
+    assert set(secret) == {"SLURMRESTD_TOKEN", "RECOVERY_K8S_HTTP_TOKEN", "RECOVERY_TEMPORAL_API_KEY", "hooks-token"}
     assert all(value == "" for value in secret.values()), "the base ships no secret"
 
     spec = objects["Deployment", "training-recovery", "training-recovery-hooks"]["spec"]["template"]["spec"]
@@ -110,3 +118,100 @@ def test_every_container_is_probed_limited_and_unprivileged(objects):
             assert {"cpu", "memory"} <= set(container["resources"]["limits"]), name
             assert container["securityContext"]["allowPrivilegeEscalation"] is False, name
             assert container["securityContext"]["readOnlyRootFilesystem"], name
+
+
+def _containers(objects) -> list[dict]:
+    return [container for (kind, _, _), obj in objects.items() if kind == "Deployment"
+            for container in obj["spec"]["template"]["spec"]["containers"]]
+
+
+def _suggested_config() -> dict[str, str]:
+    """The `# NAME: value` lines config.yaml suggests for an overlay to uncomment."""
+    lines = (BASE / "config.yaml").read_text().splitlines()
+    return dict(re.fullmatch(r"\s*# ([A-Z][A-Z0-9_]+): (.+)", line).groups() for line in lines
+                if re.fullmatch(r"\s*# [A-Z][A-Z0-9_]+: .+", line))
+
+
+def _variables(model, secret: bool | None = None) -> set[str]:
+    return {name for field, info in model.model_fields.items()
+            if secret is None or (info.annotation == SecretStr | None) == secret
+            for name in variable_names(model, field)}
+
+
+def test_every_temporal_variable_the_manifests_set_or_suggest_is_a_setting(objects):
+    config = objects["ConfigMap", "training-recovery", "training-recovery"]["data"]
+    suggested = _suggested_config()
+    set_somewhere = {*config, *suggested, *(e["name"] for c in _containers(objects) for e in c.get("env", []))}
+    temporal = {name for name in set_somewhere if name.startswith(("TEMPORAL_", "RECOVERY_TEMPORAL_"))}
+    assert {"TEMPORAL_ADDRESS", "RECOVERY_TEMPORAL_API_KEY", "RECOVERY_TEMPORAL_TLS_CA"} <= temporal
+    assert temporal <= _variables(Settings)
+    # The suggested TLS files are where both Deployments mount the optional TLS Secret.
+    files = [value for name, value in suggested.items() if name.startswith("RECOVERY_TEMPORAL_TLS_") and value.startswith("/")]
+    assert len(files) == 3
+    for (kind, _, name), obj in objects.items():
+        if kind != "Deployment":
+            continue
+        pod = obj["spec"]["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == "training-recovery-temporal-tls"]
+        assert volume["secret"]["optional"], f"{name}: a plain Temporal needs no TLS Secret"
+        (mount,) = [m for c in pod["containers"] for m in c["volumeMounts"] if m["name"] == volume["name"]]
+        assert mount["readOnly"] and all(f.startswith(mount["mountPath"] + "/") for f in files), name
+
+
+def test_secrets_are_not_in_config_maps_and_come_from_secrets(objects):
+    secrets = _variables(Settings, secret=True) | _variables(KubernetesSettings, secret=True) | _variables(
+        HookSettings, secret=True)
+    assert {"RECOVERY_TEMPORAL_API_KEY", "SLURMRESTD_TOKEN", "RECOVERY_K8S_HTTP_TOKEN"} <= secrets
+    for (kind, _, name), obj in objects.items():
+        if kind == "ConfigMap":
+            assert not secrets & set(obj["data"]), name
+    assert not secrets & set(_suggested_config())
+    for container in _containers(objects):
+        for env in container.get("env", []):
+            if env["name"] in secrets:
+                assert set(env) == {"name", "valueFrom"} and "secretKeyRef" in env["valueFrom"], env
+
+
+IMAGE = BASE.parent / "image" / "Containerfile"
+PYPROJECT = tomllib.loads((BASE.parents[1] / "pyproject.toml").read_text())
+
+
+def _instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the Containerfile, continuation lines joined, comments left out."""
+    text = re.sub(r"\\\n", " ", "\n".join(l for l in IMAGE.read_text().splitlines() if not l.lstrip().startswith("#")))
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in text.splitlines() if line.strip()]
+
+
+def test_the_image_installs_what_pyproject_installs(objects):
+    instructions = _instructions()
+    copied = {source.rstrip("/") for op, args in instructions if op == "COPY" for source in args.split()[:-1]}
+    setuptools = PYPROJECT["tool"]["setuptools"]
+    packages = {pattern.rstrip("*") for pattern in setuptools["packages"]["find"]["include"]}
+    modules = {f"{module}.py" for module in setuptools["py-modules"]}
+    assert copied == {"pyproject.toml", PYPROJECT["project"]["readme"]} | modules | packages
+    (workdir, *_) = [args for op, args in instructions if op == "WORKDIR"]
+    assert any(op == "RUN" and re.search(rf"pip install --no-cache-dir {workdir}( |$)", args) for op, args in instructions)
+    # The image the manifests run is this one, at pyproject's version, as the manifests' user.
+    labels = dict(re.findall(r'(\S+)="([^"]*)"', next(args for op, args in instructions if op == "LABEL")))
+    name, version = labels["org.opencontainers.image.title"], labels["org.opencontainers.image.version"]
+    assert (name, version) == (PYPROJECT["project"]["name"], PYPROJECT["project"]["version"])
+    assert {c["image"] for c in _containers(objects)} == {f"{name}:{version}"}
+    (user,) = [args for op, args in instructions if op == "USER"]
+    for (kind, _, deployment), obj in objects.items():
+        if kind == "Deployment":
+            context = obj["spec"]["template"]["spec"]["securityContext"]
+            assert user == f"{context['runAsUser']}:{context['runAsGroup']}" and user != "0:0", deployment
+
+
+def test_the_manifests_commands_exist_in_the_installed_project(objects):
+    (cmd,) = [json.loads(args) for op, args in _instructions() if op == "CMD"]
+    commands = [c["command"] for c in _containers(objects)] + [cmd]
+    assert ["recovery", "hooks"] in commands and ["python", "-m", "worker"] in commands
+    subcommands = typer.main.get_command(cli_app).commands
+    for command in commands:
+        if command[0] == "python":
+            assert command[1] == "-m" and command[2] in PYPROJECT["tool"]["setuptools"]["py-modules"], command
+            assert importlib.util.find_spec(command[2]) is not None, command
+        else:
+            assert command[0] in PYPROJECT["project"]["scripts"], command
+            assert command[1] in subcommands, command

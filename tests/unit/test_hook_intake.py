@@ -128,6 +128,23 @@ async def test_alerts_observed_before_the_last_incident_ended_never_start_anothe
     assert [a.reason for a in incidents.runs["gpu-2"][1].alerts] == ["new failure", "and another"]
 
 
+async def test_joins_go_to_the_run_handed_over_to_and_find_one_opened_since_by_someone_else():
+    incidents = RecordingIncidents()
+    hook = intake(incidents)
+    await hook.submit([alert(ago=300)])
+    incidents.end("gpu-2", NOW - timedelta(seconds=60))
+    await incidents.open_after_end("gpu-2", [alert(ago=30, reason="another hook's").to_alert()])
+    del incidents.calls[:]
+
+    # the run this hook knows has ended: after one describe, the alert joins the one running now
+    [joined] = await hook.submit([alert(ago=10, reason="after the end")])
+    assert joined.outcome is Outcome.ACCEPTED
+    await hook.submit([alert(ago=5, reason="and the next")])
+    assert [c for c, _, _ in incidents.calls] == ["join", "ended_at", "open_after_end", "join"]
+    assert [run.run_id for run in incidents.runs["gpu-2"]] == ["gpu-2-run-1", "gpu-2-run-2"]
+    assert [a.reason for a in incidents.runs["gpu-2"][1].alerts] == ["another hook's", "after the end", "and the next"]
+
+
 async def test_a_batch_spanning_the_end_splits_into_dropped_and_a_new_incident():
     incidents = RecordingIncidents()
     hook = intake(incidents)

@@ -36,10 +36,7 @@ async def deliver(webhook: WebhookTarget | None, answer) -> tuple:
         return answer(request)
 
     notifier = NotifyActivities(webhook, transport=httpx.MockTransport(handler))
-    try:
-        return await ActivityEnvironment().run(notifier.deliver_notification, NOTIFICATION), requests
-    finally:
-        await notifier.aclose()
+    return await ActivityEnvironment().run(notifier.deliver_notification, NOTIFICATION), requests
 
 
 async def test_a_delivery_is_one_signed_json_post():

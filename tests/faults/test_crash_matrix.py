@@ -1,0 +1,159 @@
+"""The crash matrix on the real local stack: the worker SIGKILLed at every step boundary and in
+the middle of the long steps, the Temporal dev server killed -9 and restarted on its sqlite file,
+slurmctld restarted mid-step, the spare's slurmd killed while the incident waits for it.
+
+A crash of the worker, the dev server or slurmctld must cost time, never the recovery: the
+incident ends recovered, each side effect done once as Slurm records it: one requeue (the job's
+own restart count, slurmctld's log), one drain (slurmctld's log), one spare claimed and resumed
+(its claim comment, slurmctld's log). A worker killed inside a step that does not heartbeat
+costs that step's start-to-close timeout (30 s) before another worker retries it. A spare that
+died is never reported as a recovery: the incident ends spare_unhealthy (or no_replacement).
+
+The incidents run against a dev server of this module (its own port and sqlite file), so that it
+can be killed without touching the session's. The worker-kill cases run on the host's Slurm
+generation only, the dev-server, slurmctld and slurmd cases on the other one: every case on both
+would take twice the ~8 minutes this module may take.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from starter.faults import kill_slurmd, restart_slurmctld, restart_temporal, wait_for_history_point, worker_identities
+from starter.localstack import DEBIAN_RELEASE_OF_GENERATION, LocalStack, host_slurm_generation
+from tests.faults.crash_support import Case, check_recovered_once
+from tests.integration.conftest import stack_settings
+from worker import register_search_attributes
+
+pytestmark = pytest.mark.slurm
+
+INCIDENT_SECONDS = 300
+# Where the worker dies. "scheduled": as soon as the step's activity is scheduled, which in
+# practice lands inside the step (the attempt just handed to the worker, its Slurm calls under
+# way); "completed": as soon as the previous step's activity completed, between the two steps;
+# "started": inside a step that takes long enough to be caught running. The test prints where
+# each kill landed (the activity pending then, and its state).
+# (classify_fault is a local activity now: no activity events to wait for; a kill in it is a kill
+# in the first workflow task.)
+POINTS = [("drain_node", "scheduled"), ("drain_node", "completed"), ("find_jobs", "scheduled"),
+          ("partition_shares", "scheduled"), ("signal_job", "scheduled"), ("requeue_job", "scheduled"),
+          ("mark_node_down", "scheduled"), ("request_replacement", "scheduled"), ("wait_for_spare", "scheduled"),
+          ("verify_restart", "scheduled"), ("verify_restart", "started"), ("record_incident", "scheduled")]
+HOST = host_slurm_generation()
+OTHER = next(g for g in DEBIAN_RELEASE_OF_GENERATION if g != HOST)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest_asyncio.fixture(scope="module")
+async def crash_temporal() -> AsyncIterator[tuple[LocalStack, Client]]:
+    """A dev server of this module on a fresh sqlite file, and a client to it."""
+    state = Path(os.environ.get("RECOVERY_TEST_STATE_DIR", "/tmp/training-recovery-tests")) / "crash-temporal"
+    server = LocalStack(state_dir=state, temporal_port=free_port(), ui_port=free_port())
+    server.stop_temporal()  # one left by an interrupted run
+    shutil.rmtree(state, ignore_errors=True)
+    try:
+        server.start_temporal()
+        client = await Client.connect(server.temporal_address, data_converter=pydantic_data_converter)
+        await register_search_attributes(client, client.namespace)
+        yield server, client
+    finally:
+        server.stop_temporal()
+
+
+@pytest_asyncio.fixture
+async def case(crash_temporal, local_stack, slurm_cluster) -> AsyncIterator[Case]:
+    server, client = crash_temporal
+    task_queue = f"crash-{uuid.uuid4()}"
+    stack = dataclasses.replace(local_stack, temporal_port=server.temporal_port)
+    crash = Case.on(client, stack, slurm_cluster, stack_settings(local_stack, slurm_cluster, task_queue))
+    try:
+        yield crash
+    finally:
+        await crash.end()
+
+
+@pytest.mark.parametrize("local_stack", [HOST], indirect=True)
+@pytest.mark.parametrize(("activity", "point"), POINTS, ids=lambda v: v)
+async def test_worker_killed_at_each_point_the_next_worker_finishes(case, activity, point):
+    run = await case.start()
+    await wait_for_history_point(run.handle, activity, point, 120)
+    killed, second = case.restart_worker()
+    at_kill = (await run.handle.describe()).raw_description
+    open_at_kill = at_kill.workflow_execution_info.status == WorkflowExecutionStatus.RUNNING
+    pending = [f"{p.activity_type.name} {PendingActivityState.Name(p.state)}" for p in at_kill.pending_activities]
+    where = f"worker {killed} killed at {activity} {point} (pending then: {pending or 'none'})"
+    print(where)
+    result = await case.drill.finish(run, INCIDENT_SECONDS)
+    await check_recovered_once(case, run, result, where)
+    identities = await worker_identities(run.handle)
+    assert any(i.startswith(f"{killed}@") for i in identities), (where, identities)
+    # The incident ends with its metrics recorded: only a kill there can come too late for the second worker.
+    if activity != "record_incident":
+        assert open_at_kill, f"{where}: the incident had ended before the kill"
+    if open_at_kill:
+        assert any(i.startswith(f"{second}@") for i in identities), (where, identities)
+
+
+@pytest.mark.parametrize("local_stack", [OTHER], indirect=True)
+async def test_dev_server_killed_and_restarted_mid_incident(case, crash_temporal):
+    """kill -9 of the dev server while a job is being requeued; restarted on the same sqlite
+    file, it still has the incident, and the same worker finishes it."""
+    server, _ = crash_temporal
+    run = await case.start()
+    await wait_for_history_point(run.handle, "requeue_job", "started", 120)
+    worker = int(case.stack.worker_pidfile.read_text())
+    restart_temporal(server)
+    result = await case.drill.finish(run, INCIDENT_SECONDS)
+    where = "dev server restarted during requeue_job"
+    await check_recovered_once(case, run, result, where)
+    assert case.stack.worker_running() and int(case.stack.worker_pidfile.read_text()) == worker
+
+
+@pytest.mark.parametrize("local_stack", [OTHER], indirect=True)
+async def test_slurmctld_restarted_mid_requeue(case):
+    """slurmctld stops and starts again on its saved state while a job is being requeued: the
+    step's Slurm calls fail meanwhile and are retried; the job is requeued once."""
+    run = await case.start()
+    await wait_for_history_point(run.handle, "requeue_job", "started", 120)
+    restart_slurmctld(case.stack, case.cluster)
+    result = await case.drill.finish(run, INCIDENT_SECONDS)
+    where = "slurmctld restarted during requeue_job"
+    await check_recovered_once(case, run, result, where)
+
+
+@pytest.mark.parametrize("local_stack", [OTHER], indirect=True)
+async def test_spare_slurmd_killed_before_the_incident_takes_it(case):
+    """The hot spare's slurmd dies just before the incident brings the spare in and waits for it:
+    the incident must end saying so (spare unhealthy, no replacement), never "recovered" with a
+    dead spare; the jobs were moved all the same, once. The slurmd is started again after."""
+    spare = case.drill.spare_nodes[0]
+    case.drill.policy = case.drill.policy.model_copy(update={"spare_wait_seconds": 20})
+    run = await case.start()
+    try:
+        await wait_for_history_point(run.handle, "requeue_job", "scheduled", 120)
+        kill_slurmd(case.stack, spare)
+        result = await case.drill.finish(run, INCIDENT_SECONDS)
+    finally:
+        case.stack.start_slurm()  # the spare's slurmd again, on standby
+    r = result.report
+    print(f"spare {spare} killed: {r.outcome}")
+    assert r.outcome.startswith(("spare_unhealthy: ", "no_replacement: ")), r.model_dump_json(indent=1)
+    job = await case.drill.slurm.get_job(result.job_id)
+    assert job.restart_count == 1 and run.node not in job.nodes, job

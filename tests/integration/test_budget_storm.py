@@ -1,0 +1,77 @@
+"""The storm (issue #5): 100 nodes of a real Slurm cluster fail at once and the fleet budget
+allows K = 5 under remediation: never more than 5 at any moment, as the budget's recorded
+timeline shows, and all 100 incidents handled in the end. Real incidents (NodeRecoveryWorkflow
+with the worker's own activities), real Slurm, real dev server."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from contextlib import AsyncExitStack
+
+import pytest
+
+from contracts.budget import TimelineKind
+from contracts.models import NodeFailureAlert
+from starter.alerts import raise_alert
+from tests.integration.conftest import stack_settings
+from tests.integration.test_fleet_budget import concurrent_holders
+from worker import activities_for, build_slurm, build_worker
+from workflows.fleet_budget import FleetBudgetWorkflow, fleet_budget_workflow_id
+
+pytestmark = pytest.mark.slurm
+
+NODES = 100
+K = 5
+# Above the ports of the session's cluster (deploy/local/slurm-cluster.sh: slurmd at +101..).
+STORM_PORT_OFFSET = 400
+
+
+@pytest.fixture(scope="module")
+def storm_cluster(local_stack):
+    """A cluster of its own with 100 compute nodes and no spare, for this module only."""
+    stack = dataclasses.replace(local_stack, state_dir=local_stack.state_dir / "storm", slurm_nodes=NODES,
+                                slurm_spares=0, slurm_port_base=local_stack.slurm_port_base + STORM_PORT_OFFSET)
+    cluster = stack.start_slurm()
+    yield stack, cluster
+    stack.stop_slurm()
+
+
+async def test_storm_of_100_real_failures_never_more_than_5_in_remediation(temporal_env, storm_cluster):
+    stack, cluster = storm_cluster
+    task_queue = f"storm-{uuid.uuid4()}"
+    settings = stack_settings(stack, cluster, task_queue, budget_max_nodes=K, repair_wait_seconds=1)
+    policy = settings.policy()
+    nodes = [f"gpu-{i}" for i in range(1, NODES + 1)]
+    async with AsyncExitStack() as resources:
+        slurm = await build_slurm(settings, resources)
+        async with build_worker(temporal_env.client, task_queue, activities_for(settings, slurm, temporal_env.client)):
+            handles = await asyncio.gather(*(
+                raise_alert(temporal_env.client, NodeFailureAlert(node=node, xid=79, source="test", actor="pytest",
+                                                                  reason="storm: the whole row lost power"),
+                            task_queue, policy)
+                for node in nodes))
+            reports = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 900)
+            budget = temporal_env.client.get_workflow_handle_for(FleetBudgetWorkflow.run,
+                                                                 fleet_budget_workflow_id(task_queue))
+            timeline = await budget.query(FleetBudgetWorkflow.timeline)
+            await budget.cancel()
+
+    # All 100 handled: each node drained, its lease taken and returned, marked down; with no
+    # spare in this cluster, each ends saying so.
+    assert sorted(r.node for r in reports) == sorted(nodes)
+    assert all(r.outcome.startswith("no_replacement") for r in reports), {r.outcome for r in reports}
+    assert all(any(a.action == "down_node" and a.executed for a in r.actions) for r in reports)
+    incidents = {r.incident_id for r in reports}
+    mine = [e for e in timeline if e.incident_id in incidents]
+    assert sum(e.kind == TimelineKind.GRANTED for e in mine) == NODES
+    assert sum(e.kind == TimelineKind.RELEASED for e in mine) == NODES
+    # Never more than K at once, and the budget used what it had.
+    assert max(concurrent_holders(mine)) == K
+    assert min(concurrent_holders(mine)) >= 0
+    # A node waited drained, with nothing killed, until a lease was free: its DOWN came after its grant.
+    for report in reports:
+        phases = {p.name: p for p in report.phases}
+        assert phases["drain"].ended_at <= phases["budget"].started_at
+        assert phases["budget"].ended_at <= phases["mark_down"].started_at

@@ -1,0 +1,101 @@
+"""Where an incident's time goes and what it asks of the server, read from its history."""
+
+from datetime import datetime, timedelta, timezone
+
+from temporalio.api.common.v1 import ActivityType
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import (
+    ActivityTaskCompletedEventAttributes,
+    ActivityTaskScheduledEventAttributes,
+    ActivityTaskStartedEventAttributes,
+    HistoryEvent,
+)
+
+from bench.profile import history_counts, timeline
+
+SINCE = datetime(2026, 11, 30, tzinfo=timezone.utc)
+
+
+class History:
+    """A history written event by event, `ms` after SINCE."""
+
+    def __init__(self) -> None:
+        self.events: list[HistoryEvent] = []
+
+    def add(self, ms: float, event_type: EventType.ValueType, **attributes) -> int:
+        event = HistoryEvent(event_id=len(self.events) + 1, event_type=event_type, **attributes)
+        event.event_time.FromDatetime(SINCE + timedelta(milliseconds=ms))
+        self.events.append(event)
+        return event.event_id
+
+    def scheduled(self, ms: float, name: str) -> int:
+        return self.add(ms, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+                        activity_task_scheduled_event_attributes=ActivityTaskScheduledEventAttributes(
+                            activity_type=ActivityType(name=name)))
+
+    def ran(self, started_ms: float, completed_ms: float, scheduled_id: int) -> None:
+        self.add(started_ms, EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED,
+                 activity_task_started_event_attributes=ActivityTaskStartedEventAttributes(
+                     scheduled_event_id=scheduled_id))
+        self.add(completed_ms, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,
+                 activity_task_completed_event_attributes=ActivityTaskCompletedEventAttributes(
+                     scheduled_event_id=scheduled_id))
+
+
+def test_steps_one_after_another():
+    history = History()
+    drain = history.scheduled(30, "drain_node")
+    history.ran(31, 70, drain)
+    signal = history.scheduled(95, "signal_job")
+    history.ran(95, 120, signal)
+
+    assert [(name, round(s * 1000)) for name, s in timeline(history.events, SINCE, "signal_job")] == [
+        ("workflow task -> drain_node", 30), ("drain_node in the task queue", 1), ("drain_node at the worker", 39),
+        ("workflow task -> signal_job", 25), ("signal_job in the task queue", 0), ("signal_job at the worker", 25)]
+
+
+def test_activities_scheduled_together_each_wait_from_the_same_end():
+    """Two reads scheduled by one workflow task, the later-scheduled one ending first: each waited
+    for that task from the drain's end, none a negative time."""
+    history = History()
+    drain = history.scheduled(30, "drain_node")
+    history.ran(30, 70, drain)
+    shares = history.scheduled(90, "partition_shares")
+    jobs = history.scheduled(90, "find_jobs")
+    history.ran(90, 110, jobs)
+    history.ran(90, 130, shares)
+    lease = history.scheduled(150, "request_lease")
+    history.ran(150, 160, lease)
+
+    segments = dict(timeline(history.events, SINCE, "request_lease"))
+    assert round(segments["workflow task -> find_jobs"] * 1000) == 20
+    assert round(segments["workflow task -> partition_shares"] * 1000) == 20
+    assert round(segments["workflow task -> request_lease"] * 1000) == 20  # from the later of the two ends
+    assert all(seconds >= 0 for seconds in segments.values())
+
+
+def test_the_timeline_stops_at_the_last_awaited_occurrence():
+    history = History()
+    for ms in (10, 40):
+        history.ran(ms, ms + 5, history.scheduled(ms, "signal_job"))
+    history.ran(80, 90, history.scheduled(80, "requeue_job"))
+
+    names = [name for name, _ in timeline(history.events, SINCE, "signal_job", occurrences=2)]
+    assert names.count("signal_job at the worker") == 2 and "requeue_job at the worker" not in names
+
+
+def test_history_counts_each_kind_of_event():
+    history = History()
+    history.add(0, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED)
+    history.add(1, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED)
+    history.add(2, EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
+    history.add(2, EventType.EVENT_TYPE_MARKER_RECORDED)
+    history.add(2, EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES)
+    history.ran(3, 4, history.scheduled(2, "drain_node"))
+    history.add(5, EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
+
+    counts = history_counts(history.events)
+    assert counts["events"] == 9
+    assert counts["workflow tasks"] == 2 and counts["activities"] == 1 and counts["signals received"] == 1
+    assert counts["local activities and patches (markers)"] == 1 and counts["search attribute upserts"] == 1
+    assert counts["timers"] == 0 and counts["child workflows"] == 0
