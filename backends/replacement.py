@@ -41,7 +41,11 @@ class HotSparePool:
         actions: list[ActionRecord] = []
         mine = next((n for n in nodes if n.comment == claim), None)
         if mine is not None and not mine.drained:
-            return self._brought_in(mine, actions)  # a retry: this incident claimed and resumed it before
+            # A retry: an earlier attempt claimed it and it is in service (that attempt's RESUME
+            # may even have been refused by a restarting slurmctld and still taken effect).
+            actions.append(record("resume_spare", mine.name, "none", ctx,
+                                  "found in service with this incident's claim: an earlier attempt brought it in"))
+            return self._brought_in(mine, actions)
         standby = [n for n in nodes if n.drained and n.reason.endswith(SPARE_STANDBY_REASON)
                    and n.comment in ("", claim)]
         for spare in sorted(standby, key=lambda n: n.comment != claim):  # our own claim first

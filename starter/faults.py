@@ -106,6 +106,20 @@ def _event_point(event: HistoryEvent, activity_type: str, scheduled: set[int]) -
     return None
 
 
+async def activity_starts(handle: WorkflowHandle, activity_type: str) -> list:
+    """The started events (ActivityTaskStartedEventAttributes) of the activity's attempts, in
+    history order; an attempt's event is written when it ends, so a running one is not there."""
+    scheduled, started = set(), []
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            if event.activity_task_scheduled_event_attributes.activity_type.name == activity_type:
+                scheduled.add(event.event_id)
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            if event.activity_task_started_event_attributes.scheduled_event_id in scheduled:
+                started.append(event.activity_task_started_event_attributes)
+    return started
+
+
 async def worker_identities(handle: WorkflowHandle) -> set[str]:
     """The identities ("<pid>@<host>") of the workers that completed a workflow task of the
     incident or started one of its activities."""

@@ -46,6 +46,7 @@ from activities.xid_policy import XidPolicyTable
 from contracts.models import IncidentReport, NodeFailureAlert, RecoveryPolicy, SlurmJob
 from starter.alerts import raise_alert
 from starter.drill import Drill, DrillOptions, DrillResult, DrillRun
+from starter.faults import activity_starts, kill_worker, wait_for_history_point, worker_identities
 from starter.localstack import LocalStack, StackError, wait_async
 
 Comparison = Literal["<=", "==", ">="]
@@ -218,15 +219,7 @@ def side_effects_slo(found: SideEffects, spares_expected: int) -> Slo:
 
 async def activity_attempts(handle: WorkflowHandle, activity_type: str) -> int:
     """How many times the incident's history shows the activity started (retries included)."""
-    scheduled, attempts = set(), 0
-    async for event in handle.fetch_history_events():
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            if event.activity_task_scheduled_event_attributes.activity_type.name == activity_type:
-                scheduled.add(event.event_id)
-        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
-            if event.activity_task_started_event_attributes.scheduled_event_id in scheduled:
-                attempts += event.activity_task_started_event_attributes.attempt
-    return attempts
+    return sum(started.attempt for started in await activity_starts(handle, activity_type))
 
 
 def drill_check_slo(result: DrillResult, check: str, name: str, target: str) -> Slo:
@@ -288,8 +281,6 @@ async def play_application(game: GameDay, scenario: Scenario) -> tuple[list[Slo]
 
 
 async def play_worker_crash(game: GameDay, scenario: Scenario) -> tuple[list[Slo], list[str]]:
-    from starter.faults import kill_worker, wait_for_history_point, worker_identities
-
     run = await game.drill.start(DrillOptions(xid=79))
     await wait_for_history_point(run.handle, "requeue_job", "started", timeout=60)
     killed = await asyncio.to_thread(kill_worker, game.stack)

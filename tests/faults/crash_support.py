@@ -89,5 +89,11 @@ async def check_recovered_once(case: Case, run: DrillRun, result: DrillResult, w
     # that failed afterwards (say, the resume refused by a restarting slurmctld) is found, not made
     # again, by the next one, and is in Slurm's records above but not in the report.
     assert [a.action for a in r.actions].count("claim_spare") <= 1, where
+    # Brought into service once. A RESUME sent while slurmctld restarts, before the spare has
+    # registered again, is refused ("Invalid node state specified") and yet takes effect on 24.11:
+    # the spare registers undrained, with no "state set to IDLE" line. The report then says the
+    # next attempt found it in service with this incident's claim.
     resumed = re.findall(rf"node {re.escape(r.spare_node)} state set to IDLE", log)
-    assert len(resumed) == 1, f"{where}: slurmctld resumed {r.spare_node} {len(resumed)} times:\n{log}"
+    assert len(resumed) <= 1, f"{where}: slurmctld resumed {r.spare_node} {len(resumed)} times:\n{log}"
+    assert [a.action for a in r.actions].count("resume_spare") == 1, where
+    assert not (await case.drill.slurm.get_node(r.spare_node)).drained, where

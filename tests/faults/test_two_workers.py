@@ -12,7 +12,7 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowHandle
 
-from starter.faults import kill_worker, wait_for_history_point, worker_identities
+from starter.faults import activity_starts, kill_worker, wait_for_history_point, worker_identities
 from starter.localstack import wait_async
 from tests.faults.crash_support import Case, check_recovered_once
 from tests.integration.conftest import stack_settings
@@ -34,15 +34,7 @@ async def worker_running_activity(handle: WorkflowHandle, activity_type: str) ->
     for pending in (await handle.describe()).raw_description.pending_activities:
         if pending.activity_type.name == activity_type and pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED:
             return pending.last_worker_identity
-    scheduled, started = set(), []
-    async for event in handle.fetch_history_events():
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            if event.activity_task_scheduled_event_attributes.activity_type.name == activity_type:
-                scheduled.add(event.event_id)
-        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
-            if event.activity_task_started_event_attributes.scheduled_event_id in scheduled:
-                started.append(event.activity_task_started_event_attributes.identity)
-    return started[-1]
+    return (await activity_starts(handle, activity_type))[-1].identity
 
 
 async def test_two_workers_one_killed_mid_incident_the_other_finishes(temporal_env, local_stack, slurm_cluster):
