@@ -2,13 +2,16 @@
 
 A hot spare is a node that is up but drained with the standby reason. To bring one in, the pool
 claims it (the node's Slurm comment names the incident, so a retried request finds its own claim
-instead of taking a second spare) and resumes it; when incidents race for one spare, Slurm's
-RESUME (which succeeds once) decides. Kubernetes and cloud providers implement the
-same `ReplacementProvider` protocol.
+instead of taking a second spare) and resumes it. A worker takes its claims one at a time, so its
+incidents never share a spare. Across worker processes nothing serialises them yet: Slurm's node
+comment is last-writer-wins, so two workers' incidents racing for the last spare may, rarely,
+both take it (the fleet budget, a singleton, is where such claims should go). Kubernetes and
+cloud providers implement the same `ReplacementProvider` protocol.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol
 
 from contracts.audit import record
@@ -29,20 +32,26 @@ class HotSparePool:
 
     def __init__(self, slurm: SlurmClient):
         self._slurm = slurm
+        # Slurm has no compare-and-set for a node's comment: a worker takes its claims one at a
+        # time, so that two of its incidents never read the same spare as free.
+        self._claiming = asyncio.Lock()
 
     @staticmethod
     def claim_comment(ctx: ActionContext) -> str:
         return f"{ctx.owner}: spare for incident {ctx.incident_id}"
 
     async def request(self, failed_node: str, candidates: list[str], ctx: ActionContext) -> ReplacementResult:
+        async with self._claiming:
+            return await self._request(failed_node, candidates, ctx)
+
+    async def _request(self, failed_node: str, candidates: list[str], ctx: ActionContext) -> ReplacementResult:
         claim = self.claim_comment(ctx)
         slurm = self._slurm.acting(ctx.dry_run)
         nodes = [await slurm.get_node(name) for name in candidates if name != failed_node]
         actions: list[ActionRecord] = []
         mine = next((n for n in nodes if n.comment == claim), None)
         if mine is not None and not mine.drained:
-            # A retry: an earlier attempt claimed it and it is in service (that attempt's RESUME
-            # may even have been refused by a restarting slurmctld and still taken effect).
+            # A retry: an earlier attempt claimed it and it is in service.
             actions.append(record("resume_spare", mine.name, "none", ctx,
                                   "found in service with this incident's claim: an earlier attempt brought it in"))
             return self._brought_in(mine, actions)
@@ -58,33 +67,28 @@ class HotSparePool:
 
     async def _claim(self, slurm: SlurmClient, spare: SlurmNode, claim: str, ctx: ActionContext,
                      actions: list[ActionRecord]) -> bool:
-        """Claim the spare and resume it. Two incidents may read the same spare as free at once,
-        and the comment is last-writer-wins; RESUME is not: Slurm resumes a drained node once and
-        refuses a node no longer drained. So the RESUME decides who has the spare, the winner
-        writes its claim again in case the loser's overwrote it, and the loser clears its own.
-        When those last two writes cross, the spare is left with no claim: never the loser's
-        (no retry of the loser takes it), but a retry of the winner after a crash at that moment
-        would not recognise it and would look for another spare."""
+        """Claim the spare, then resume it. A refused RESUME is looked into: the spare still
+        drained is an error (retried); taken by another claim (another worker's incident), it is
+        lost; undrained with this incident's claim, it is ours (a slurmctld that restarts refuses
+        a RESUME before the spare registers again, and applies it all the same)."""
         if spare.comment != claim:
             call = await slurm.set_node_comment(spare.name, claim)
             actions.append(record("claim_spare", spare.name, call, ctx, f"Comment={claim!r}"))
         try:
             call = await slurm.update_node(spare.name, "RESUME", None)
-        except SlurmError:
+        except SlurmError as refused:
             now = await slurm.get_node(spare.name)
-            if now.drained or not now.in_service:
-                # Not a lost race (another incident would have it in service): Slurm refused for
-                # another reason, say the spare has not registered again after a controller restart.
+            if now.drained:
                 raise
-            if now.comment == claim:
-                await slurm.set_node_comment(spare.name, "")  # the winner's claim was ours to overwrite
-            actions.append(record("spare_taken", spare.name, "none", ctx,
-                                  "another incident resumed this spare first: trying the next"))
-            return False
+            if now.comment != claim:
+                actions.append(record("spare_taken", spare.name, "none", ctx,
+                                      f"another claim resumed this spare first ({now.comment!r}): trying the next"))
+                return False
+            actions.append(record("resume_spare", spare.name, "none", ctx,
+                                  f"Slurm refused the RESUME ({refused}) yet the spare is undrained with this "
+                                  "incident's claim"))
+            return True
         actions.append(record("resume_spare", spare.name, call, ctx, "hot spare brought into service"))
-        if call.executed and (await slurm.get_node(spare.name)).comment != claim:
-            call = await slurm.set_node_comment(spare.name, claim)
-            actions.append(record("claim_spare", spare.name, call, ctx, f"Comment={claim!r} (written again)"))
         return True
 
     def _brought_in(self, spare: SlurmNode, actions: list[ActionRecord]) -> ReplacementResult:
