@@ -79,6 +79,11 @@ class FencingActivities:
         node = await self._slurm.get_node(req.node)
         if node.in_service:
             return RepairCheck(node=req.node, returned=True, final=True, detail="in service, repaired and healthy")
+        if not node.drained and node.state != "down":
+            # Nobody fences it: resumed (say by this watcher's previous look), and slurmctld has
+            # not seen its slurmd answer yet. Look again rather than call it someone else's.
+            return RepairCheck(node=req.node, returned=False, final=False,
+                               detail="resumed; waiting for slurmctld to see it answer")
         if not fenced_by(node, req.ctx):
             action = record("return_to_service", req.node, "none", req.ctx,
                             f"left as found: fenced by someone else now ({node.reason!r})")

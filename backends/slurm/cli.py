@@ -20,7 +20,10 @@ from contracts.models import Invocation, SlurmJob, SlurmNode
 # Messages with which scontrol says a node or job does not exist: no retry can fix those.
 _NOT_FOUND = ("Invalid node name specified", "Invalid job id specified")
 # Messages that mean slurmctld could not be reached: the state is unknown.
-_UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Connection refused")
+# "Unexpected message received": what `scontrol requeuehold` says when slurmctld cannot be
+# reached (measured on 22.05 and 24.11): an unknown state, retried like the others.
+_UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Connection refused",
+                "Unexpected message received")
 
 
 class SlurmCli:

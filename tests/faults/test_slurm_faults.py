@@ -162,7 +162,8 @@ async def test_a_persistent_fault_on_a_read_before_a_destructive_step_fails_the_
             pytest.skip(f"{operation} goes through the CLI with slurmrestd {slurm.rest.version}")
         # The drill sets its scene through the CLI, never through the proxy.
         proxy.inject(*rest_path(operation), times=None, **fault)
-        drill = drill_on(time_skipping_env.client, local_stack, slurm_cluster, settings, search_attributes=False)
+        drill = drill_on(time_skipping_env.client, local_stack, slurm_cluster, settings, search_attributes=False,
+                         fleet_budget=False)  # no budget on the time-skipping server (see test_workflow_decisions)
         run = await drill.start(DrillOptions(xid=FATAL_XID))
         report, job, node = await follow_to_the_end(drill, run)
 
@@ -200,14 +201,16 @@ async def test_the_cli_unable_to_reach_slurmctld_fails_the_incident_closed(
         cut_off = settings.model_copy(update={"slurm_conf": str(unreachable)})
         async with worker_behind_proxy(time_skipping_env.client, cut_off) as (proxy, slurm):
             node_reads_by_cli = slurm.path_for("get_node") == "cli"
-            drill = drill_on(time_skipping_env.client, local_stack, slurm_cluster, settings, search_attributes=False)
+            drill = drill_on(time_skipping_env.client, local_stack, slurm_cluster, settings, search_attributes=False,
+                             fleet_budget=False)  # no budget on the time-skipping server (see test_workflow_decisions)
             run = await drill.start(DrillOptions(xid=FATAL_XID))
             report, job, node = await follow_to_the_end(drill, run)
     finally:
         unreachable.unlink()
     failed_in = report.phases[-1].name
     assert report.outcome.startswith(f"failed in {failed_in}: SlurmUnavailable: "), report.outcome
-    assert re.search("Unable to contact slurm controller|could not read slurmctld", report.outcome), report.outcome
+    assert re.search("Unable to contact slurm controller|could not read slurmctld|Unexpected message received",
+                     report.outcome), report.outcome
     if node_reads_by_cli:
         assert failed_in == "drain" and report.actions == [] and not node.drained
     else:
