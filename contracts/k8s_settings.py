@@ -51,6 +51,8 @@ class KubernetesSettings(BaseSettings):
     eviction_backoff_seconds: float = Field(1.0, gt=0, description="first wait after a 429; doubles up to 30 s")
     watch_seconds: int = Field(
         5, ge=1, le=60, description="timeoutSeconds of each watch: the heartbeat cadence of long waits")
+    request_timeout_seconds: float = Field(
+        30.0, gt=0, description="how long one API request may go unanswered before it fails (and is retried)")
 
     # --- replacement ---
     replacement: ReplacementKind = "nodeset"

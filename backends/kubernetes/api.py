@@ -21,6 +21,8 @@ from backends.kubernetes.errors import ConflictPersists
 T = TypeVar("T")
 Progress = Callable[[str], None]
 CONFLICT_ATTEMPTS = 10
+# A watch window's read time-out: its timeoutSeconds, and time for the server to close it.
+WATCH_GRACE_SECONDS = 10
 
 
 async def call(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
@@ -89,7 +91,8 @@ def _watch_window(list_fn: Callable[..., Any], objects: dict[str, Any], resource
     resourceVersion to go on from."""
     stream = watch.Watch()
     for event in stream.stream(list_fn, resource_version=resource_version, timeout_seconds=seconds,
-                               allow_watch_bookmarks=True, **list_kwargs):
+                               allow_watch_bookmarks=True, _request_timeout=seconds + WATCH_GRACE_SECONDS,
+                               **list_kwargs):
         obj = event["object"]
         if event["type"] == "DELETED":
             objects.pop(obj.metadata.name, None)

@@ -3,14 +3,18 @@ in-cluster service account, ~/.kube/config; never from or into the client's glob
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+import urllib3
 from kubernetes.client import Configuration, CoreV1Api
 
 from backends.kubernetes import NoKubernetesConfig, load_api_client
+from backends.kubernetes.api import watch_until
 from contracts.k8s_settings import KubernetesSettings
 
 
@@ -74,3 +78,29 @@ def test_then_the_home_directory_kubeconfig(kube_api, tmp_path):
 def test_nothing_to_load_says_where_it_looked(tmp_path):
     with pytest.raises(NoKubernetesConfig, match="RECOVERY_K8S_KUBECONFIG or KUBECONFIG"):
         load_api_client(_settings(service_account_dir=tmp_path), environ={"HOME": str(tmp_path)})
+
+
+def test_every_request_has_the_configured_time_out_and_a_watch_outlasts_it(kube_server, tmp_path):
+    """An API server that never answers fails the call after RECOVERY_K8S_REQUEST_TIMEOUT_SECONDS
+    (the client's own default is to wait forever); a watch window longer than that still runs."""
+    path = kube_server.kubeconfig(tmp_path / "timed")
+    loaded = load_api_client(_settings(kubeconfig=Path(path), request_timeout_seconds=0.5),
+                             environ={"HOME": str(tmp_path)})
+    core = CoreV1Api(loaded.api)
+    try:
+        stalled = kube_server.faults.inject("GET", r"^/api/v1/nodes/n1$", delay=3.0, times=None)
+        started = time.monotonic()
+        with pytest.raises(urllib3.exceptions.HTTPError):
+            core.read_node("n1")
+        assert time.monotonic() - started < 2.9 and stalled.hits >= 1
+        kube_server.faults.clear()
+        # 2 s of watching with nothing to see: no time-out error, the window just ends.
+        objects, detail = asyncio.run(watch_until(
+            core.list_node, _nothing_found, deadline=time.monotonic() + 2, watch_seconds=2, progress=lambda _: None))
+        assert objects is None and detail == "waiting"
+    finally:
+        loaded.api.close()
+
+
+async def _nothing_found(objects):
+    return None, "waiting"
