@@ -1,6 +1,7 @@
 """The crash matrix on the real local stack: the worker SIGKILLed at every step boundary and in
 the middle of the long steps, the Temporal dev server killed -9 and restarted on its sqlite file,
-slurmctld restarted mid-step, the spare's slurmd killed while the incident waits for it.
+slurmctld restarted mid-step, the spare's slurmd killed while the incident waits for it, the
+worker killed while it delivers a notification.
 
 A crash of the worker, the dev server or slurmctld must cost time, never the recovery: the
 incident ends recovered, each side effect done once as Slurm records it: one requeue (the job's
@@ -32,9 +33,10 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from starter.faults import kill_slurmd, restart_slurmctld, restart_temporal, wait_for_history_point, worker_identities
-from starter.localstack import DEBIAN_RELEASE_OF_GENERATION, LocalStack, host_slurm_generation
+from starter.localstack import DEBIAN_RELEASE_OF_GENERATION, LocalStack, host_slurm_generation, wait_async
 from tests.faults.crash_support import Case, check_recovered_once
 from tests.integration.conftest import stack_settings
+from tests.integration.test_incident_safety import WebhookReceiver
 from worker import register_search_attributes
 
 pytestmark = pytest.mark.slurm
@@ -157,3 +159,46 @@ async def test_spare_slurmd_killed_before_the_incident_takes_it(case):
     assert r.outcome.startswith(("spare_unhealthy: ", "no_replacement: ")), r.model_dump_json(indent=1)
     job = await case.drill.slurm.get_job(result.job_id)
     assert job.restart_count == 1 and run.node not in job.nodes, job
+
+
+@pytest.mark.parametrize("local_stack", [HOST], indirect=True)
+async def test_worker_killed_while_it_delivers_a_notification_it_is_delivered_once(
+        crash_temporal, local_stack, slurm_cluster, monkeypatch):
+    """The worker dies in the middle of POSTing "incident opened" to a slow webhook: the next
+    worker delivers it again (after the delivery's 30 s timeout) with the same Idempotency-Key, so
+    a receiver that drops repeats has each notification once; the incident recovers meanwhile."""
+    server, client = crash_temporal
+    receiver = WebhookReceiver(hold="incident_opened")
+    monkeypatch.setenv("RECOVERY_NOTIFY_WEBHOOK_URL", receiver.url)  # the worker process's configuration
+    settings = stack_settings(local_stack, slurm_cluster, f"crash-{uuid.uuid4()}", notify_webhook_url=receiver.url)
+    case = Case.on(client, dataclasses.replace(local_stack, temporal_port=server.temporal_port), slurm_cluster,
+                   settings)
+    try:
+        run = await case.start()
+
+        async def held() -> bool:
+            return receiver.holding.is_set()
+
+        await wait_async(held, 60, "the first notification at the webhook")
+        killed, second = case.restart_worker()
+        receiver.held.set()
+        result = await case.drill.finish(run, INCIDENT_SECONDS)
+        await check_recovered_once(case, run, result, f"worker {killed} killed while delivering a notification")
+
+        def posts() -> dict[str, list[str]]:
+            keys: dict[str, list[str]] = {}
+            for headers, body in receiver.received:
+                keys.setdefault(body["kind"], []).append(headers["Idempotency-Key"])
+            return keys
+
+        async def delivered_again() -> bool:
+            return len(posts().get("incident_opened", [])) == 2 and "recovered" in posts()
+
+        await wait_async(delivered_again, 90, "the notification delivered again by the next worker")
+    finally:
+        receiver.held.set()
+        receiver.shutdown()
+        await case.end()
+    incident = result.report.incident_id
+    assert posts() == {"incident_opened": [f"{incident}/incident_opened"] * 2,
+                       "recovered": [f"{incident}/recovered"]}, receiver.received

@@ -62,18 +62,27 @@ async def fleet(temporal_env, local_stack, slurm_cluster, **overrides) -> AsyncI
 
 
 class WebhookReceiver(ThreadingHTTPServer):
-    """The operators' chat bridge: keeps every notification POSTed to it."""
+    """The operators' chat bridge: keeps every notification POSTed to it. With `hold`, the first
+    POST of that kind waits for an answer until `held` is set (a slow receiver)."""
 
-    def __init__(self):
+    def __init__(self, hold: str | None = None):
         self.received: list[tuple[dict[str, str], dict]] = []
+        self.holding = threading.Event()  # the held POST has arrived
+        self.held = threading.Event()  # answer it now
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                receiver.received.append((dict(self.headers), json.loads(body)))
-                self.send_response(204)
-                self.end_headers()
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                receiver.received.append((dict(self.headers), body))
+                if body["kind"] == hold and not receiver.holding.is_set():
+                    receiver.holding.set()
+                    receiver.held.wait(120)
+                try:
+                    self.send_response(204)
+                    self.end_headers()
+                except OSError:  # the sender is gone (killed while it waited)
+                    pass
 
             def log_message(self, *_):
                 pass
