@@ -10,7 +10,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType, PendingActivityState, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
 from starter.faults import activity_starts, kill_worker, wait_for_history_point, worker_identities
 from starter.localstack import wait_async
@@ -37,8 +37,6 @@ async def worker_running_activity(handle: WorkflowHandle, activity_type: str) ->
     return (await activity_starts(handle, activity_type))[-1].identity
 
 
-@pytest.mark.skip(reason="KNOWN FAILURE, to fix first (issue #8 note): passes alone on both generations, but in "
-                         "the full suite (22.05) the history showed no task by the surviving worker after the kill")
 async def test_two_workers_one_killed_mid_incident_the_other_finishes(temporal_env, local_stack, slurm_cluster):
     client = temporal_env.client
     port = int(client.service_client.config.target_host.rsplit(":", 1)[1])
@@ -46,7 +44,10 @@ async def test_two_workers_one_killed_mid_incident_the_other_finishes(temporal_e
     case = Case.on(client, dataclasses.replace(local_stack, temporal_port=port), slurm_cluster, settings)
     workers = [dataclasses.replace(case.stack, worker_instance=name) for name in ("a", "b")]
     try:
-        run = await case.start(workers)
+        # Both workers poll before the incident starts: a worker slow to start would otherwise
+        # leave the whole incident to the other, and the kill would find it over.
+        for worker in workers:
+            worker.start_worker(slurm_cluster)
         pids = {int(w.worker_pidfile.read_text()): w for w in workers}
 
         async def both_polling() -> bool:
@@ -54,27 +55,35 @@ async def test_two_workers_one_killed_mid_incident_the_other_finishes(temporal_e
             return {p for p in pids if any(i.startswith(f"{p}@") for i in polling)} == set(pids)
 
         await wait_async(both_polling, 60, "both workers to poll the task queue")
+        run = await case.start(workers)
         await wait_for_history_point(run.handle, "requeue_job", "started", 120)
         running = await worker_running_activity(run.handle, "requeue_job")
         victim = int(running.split("@", 1)[0])
         assert victim in pids, (running, pids)
-        kill_worker(pids[victim])
+        # Counted before the kill: what the survivor does while the kill is confirmed is "after".
         events_at_kill = len([e async for e in run.handle.fetch_history_events()])
+        at_kill = (await run.handle.describe()).raw_description
+        kill_worker(pids[victim])
+        state_at_kill = (f"{WorkflowExecutionStatus(at_kill.workflow_execution_info.status).name}, pending "
+                         f"{[(p.activity_type.name, PendingActivityState.Name(p.state)) for p in at_kill.pending_activities]}")
         (survivor,) = set(pids) - {victim}
         print(f"workers {sorted(pids)}: {victim} killed while running requeue_job, {survivor} goes on")
         result = await case.drill.finish(run, 300)
     finally:
         await case.end(workers)
     await check_recovered_once(case, run, result, f"worker {victim} of {sorted(pids)} killed during requeue_job")
-    after_kill, last_task = set(), ""
+    after_kill, last_task = [], ""
     async for event in run.handle.fetch_history_events():
         if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
             last_task = event.workflow_task_completed_event_attributes.identity
             if event.event_id > events_at_kill:
-                after_kill.add(last_task)
+                after_kill.append((event.event_id, "workflow task", last_task))
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED and event.event_id > events_at_kill:
-            after_kill.add(event.activity_task_started_event_attributes.identity)
-    assert any(i.startswith(f"{survivor}@") for i in after_kill), (victim, survivor, after_kill)
-    assert last_task.startswith(f"{survivor}@"), (victim, survivor, last_task)
+            after_kill.append((event.event_id, "activity", event.activity_task_started_event_attributes.identity))
+    why = (f"victim {victim}, survivor {survivor}, incident {state_at_kill} and {events_at_kill} events at the "
+           f"kill; after it: {after_kill}")
+    assert state_at_kill.startswith("RUNNING"), why
+    assert any(i.startswith(f"{survivor}@") for _, _, i in after_kill), why
+    assert last_task.startswith(f"{survivor}@"), why
     assert any(i.startswith(f"{victim}@") for i in await worker_identities(run.handle))
 
