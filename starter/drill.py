@@ -330,10 +330,13 @@ class SimulatedKubernetes:
     """A k8s drill's Kubernetes side: the in-repo API server (HTTPS, a bearer token), a simulated
     Slinky cluster mirroring the local Slurm cluster, and a worker with the Kubernetes activities on
     a task queue of its own. The worker runs in this process because the local stack's worker
-    process has no Kubernetes configuration. Everything started is stopped on leaving."""
+    process has no Kubernetes configuration; with `in_process_worker=False` none is started, and
+    `worker_environment()` configures a worker process for it instead. Everything started is
+    stopped on leaving."""
 
-    def __init__(self, drill: Drill):
+    def __init__(self, drill: Drill, in_process_worker: bool = True):
         self._drill = drill
+        self._in_process_worker = in_process_worker
         self.task_queue = f"{drill.stack.task_queue}-k8s"
         self._resources = AsyncExitStack()
         self.server = KubeApiServer(tls=True, token=secrets.token_urlsafe(24))
@@ -368,12 +371,22 @@ class SimulatedKubernetes:
             nodeset_name=slinky.nodeset, nodeset_version=NODESET[1], nodeset_scale_up=False,
             watch_seconds=1,  # a drill measures the replacement, not a watch window
         )
+        if not self._in_process_worker:
+            return
         settings = self._worker_settings()
         slurm = await build_slurm(settings, self._resources)
         activities = activities_for(settings, slurm, drill.client, kubernetes=self.settings, resources=self._resources)
         await self._resources.enter_async_context(build_worker(drill.client, self.task_queue, activities))
         drill._log(f"Slurm on Kubernetes: API server {self.server.url}, NodeSet {slinky.namespace}/{slinky.nodeset}, "
                    f"a slurmd pod for each of {', '.join(compute)}; worker on task queue {self.task_queue}")
+
+    def worker_environment(self) -> dict[str, str]:
+        """RECOVERY_K8S_* and the task queue, for a worker process serving this cluster."""
+        assert self.settings is not None, "enter the context first"
+        values = self.settings.model_dump(mode="json", exclude_none=True)
+        return {"RECOVERY_K8S_ENABLED": "true", "RECOVERY_TASK_QUEUE": self.task_queue,
+                **{f"RECOVERY_K8S_{name.upper()}": str(value).lower() if isinstance(value, bool) else str(value)
+                   for name, value in values.items() if name != "enabled"}}
 
     def _worker_settings(self) -> Settings:
         """As the local stack's worker process is configured (LocalStack.worker_env)."""

@@ -11,7 +11,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from activities.xid_policy import XidPolicyTable
 from contracts.settings import Settings
-from starter.drill import Drill, DrillOptions, DrillResult, DrillRun
+from starter.drill import Drill, DrillOptions, DrillResult, DrillRun, SimulatedKubernetes
 from starter.faults import kill_worker
 from starter.localstack import LocalStack
 
@@ -41,13 +41,15 @@ class Case:
             f.seek(self.log_offset)
             return f.read()
 
-    async def start(self, workers: list[LocalStack] | None = None) -> DrillRun:
-        """Start the worker processes (the stack's own by default), then the XID 79 drill."""
+    async def start(self, workers: list[LocalStack] | None = None,
+                    kubernetes: SimulatedKubernetes | None = None) -> DrillRun:
+        """Start the worker processes (the stack's own by default), then the XID 79 drill (on
+        Slurm on Kubernetes with `kubernetes`)."""
         self.log_offset = self.ctld_log.stat().st_size
         for worker in workers or [self.stack]:
             worker.start_worker(self.cluster)
         # one checkpoint before the failure is enough to check the resume, and saves seconds per case
-        self.run = await self.drill.start(DrillOptions(xid=79, checkpoints_before_failure=1))
+        self.run = await self.drill.start(DrillOptions(xid=79, checkpoints_before_failure=1), kubernetes=kubernetes)
         return self.run
 
     async def end(self, workers: list[LocalStack] | None = None) -> None:

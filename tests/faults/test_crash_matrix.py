@@ -1,7 +1,7 @@
 """The crash matrix on the real local stack: the worker SIGKILLed at every step boundary and in
 the middle of the long steps, the Temporal dev server killed -9 and restarted on its sqlite file,
 slurmctld restarted mid-step, the spare's slurmd killed while the incident waits for it, the
-worker killed while it delivers a notification.
+worker killed while it delivers a notification, and (Slurm on Kubernetes) while it evicts the slurmd pod.
 
 A crash of the worker, the dev server or slurmctld must cost time, never the recovery: the
 incident ends recovered, each side effect done once as Slurm records it: one requeue (the job's
@@ -32,7 +32,15 @@ from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from starter.faults import kill_slurmd, restart_slurmctld, restart_temporal, wait_for_history_point, worker_identities
+from starter.drill import SimulatedKubernetes
+from starter.faults import (
+    activity_starts,
+    kill_slurmd,
+    restart_slurmctld,
+    restart_temporal,
+    wait_for_history_point,
+    worker_identities,
+)
 from starter.localstack import DEBIAN_RELEASE_OF_GENERATION, LocalStack, host_slurm_generation, wait_async
 from tests.faults.crash_support import Case, check_recovered_once
 from tests.integration.conftest import stack_settings
@@ -202,3 +210,49 @@ async def test_worker_killed_while_it_delivers_a_notification_it_is_delivered_on
     incident = result.report.incident_id
     assert posts() == {"incident_opened": [f"{incident}/incident_opened"] * 2,
                        "recovered": [f"{incident}/recovered"]}, receiver.received
+
+
+@pytest.mark.parametrize("local_stack", [HOST], indirect=True)
+async def test_worker_killed_while_it_evicts_the_slurmd_pod_the_next_one_evicts_it_once(
+        crash_temporal, local_stack, slurm_cluster, monkeypatch):
+    """Slurm on Kubernetes: the worker dies while a PodDisruptionBudget keeps refusing (429) the
+    slurmd pod's eviction; the next worker takes the step over once the budget allows, and the
+    API server sees the pod evicted once; the job is requeued once."""
+    server, client = crash_temporal
+    settings = stack_settings(local_stack, slurm_cluster, f"crash-{uuid.uuid4()}")
+    case = Case.on(client, dataclasses.replace(local_stack, temporal_port=server.temporal_port), slurm_cluster,
+                   settings)
+    async with SimulatedKubernetes(case.drill, in_process_worker=False) as kubernetes:
+        for name, value in kubernetes.worker_environment().items():  # the worker process's configuration
+            monkeypatch.setenv(name, value)
+        case.stack = dataclasses.replace(case.stack, task_queue=kubernetes.task_queue, worker_instance="k8s")
+        refusals = kubernetes.server.faults.inject("POST", r"/eviction$", status=429, times=None)
+        try:
+            run = await case.start(kubernetes=kubernetes)
+            await wait_for_history_point(run.handle, "evict_slurmd_pod", "started", 120)
+
+            async def refused_twice() -> bool:
+                return refusals.hits >= 2
+
+            await wait_async(refused_twice, 60, "two refused evictions")
+            killed, second = case.restart_worker()
+            kubernetes.server.faults.clear()  # the budget allows it now
+            result = await case.drill.finish(run, INCIDENT_SECONDS)
+            posts = [path for method, path in kubernetes.server.requests
+                     if method == "POST" and path.endswith("/eviction")]
+        finally:
+            await case.end()
+    r = result.report
+    where = f"worker {killed} killed during evict_slurmd_pod after {refusals.hits} refusals"
+    assert r.outcome == "recovered", f"{where}: {r.model_dump_json(indent=1)}"
+    # Refused each time but one: the pod was evicted once, by the second worker.
+    assert posts == [f"/api/v1/namespaces/slurm/pods/{r.node}/eviction"] * (refusals.hits + 1), (where, posts)
+    assert [a.path for a in r.actions if a.action == "evict_slurmd_pod"] == ["kubernetes"], where
+    evicted_by = (await activity_starts(run.handle, "evict_slurmd_pod"))[-1].identity
+    assert evicted_by.startswith(f"{second}@"), (where, evicted_by)
+    assert any(i.startswith(f"{killed}@") for i in await worker_identities(run.handle)), where
+    job = await case.drill.slurm.get_job(result.job_id)
+    assert job.restart_count == 1 and r.node not in job.nodes, (where, job)
+    assert case.ctld_log_since_start().count(f"Requeuing JobId={result.job_id}\n") == 1, where
+    # Every drill check holds but the one that counts eviction requests (several here, by design).
+    assert [c.name for c in result.checks if not c.passed] == ["slurmd pod evicted after the drain and the requeue"]

@@ -64,8 +64,8 @@ async def test_two_workers_one_killed_mid_incident_the_other_finishes(temporal_e
         events_at_kill = len([e async for e in run.handle.fetch_history_events()])
         at_kill = (await run.handle.describe()).raw_description
         kill_worker(pids[victim])
-        state_at_kill = (f"{WorkflowExecutionStatus(at_kill.workflow_execution_info.status).name}, pending "
-                         f"{[(p.activity_type.name, PendingActivityState.Name(p.state)) for p in at_kill.pending_activities]}")
+        pending = [(p.activity_type.name, PendingActivityState.Name(p.state)) for p in at_kill.pending_activities]
+        state_at_kill = f"{WorkflowExecutionStatus(at_kill.workflow_execution_info.status).name}, pending {pending}"
         (survivor,) = set(pids) - {victim}
         print(f"workers {sorted(pids)}: {victim} killed while running requeue_job, {survivor} goes on")
         result = await case.drill.finish(run, 300)
