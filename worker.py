@@ -45,6 +45,7 @@ from workflows.fleet_budget import FleetBudgetWorkflow, fleet_budget_workflow_id
 from workflows.node_recovery import NodeRecoveryWorkflow
 from workflows.notify import NotificationWorkflow
 from workflows.return_to_service import ReturnToServiceWorkflow
+from workflows.spare_claim import SpareClaimWorkflow
 
 log = logging.getLogger("training_recovery.worker")
 
@@ -175,7 +176,8 @@ def build_worker(client: Client, task_queue: str, activities: list, **options) -
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[NodeRecoveryWorkflow, ReturnToServiceWorkflow, FleetBudgetWorkflow, NotificationWorkflow],
+        workflows=[NodeRecoveryWorkflow, ReturnToServiceWorkflow, FleetBudgetWorkflow, NotificationWorkflow,
+                   SpareClaimWorkflow],
         activities=activities,
         # After a crash the next workflow task would wait this long on the dead worker's sticky queue.
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),

@@ -33,7 +33,8 @@ class HotSparePool:
     def __init__(self, slurm: SlurmClient):
         self._slurm = slurm
         # Slurm has no compare-and-set for a node's comment: a worker takes its claims one at a
-        # time, so that two of its incidents never read the same spare as free.
+        # time, so that two of its incidents never read the same spare as free. Across workers,
+        # incidents claim each spare through its own SpareClaimWorkflow (workflows/spare_claim.py).
         self._claiming = asyncio.Lock()
 
     @staticmethod

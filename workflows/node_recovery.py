@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeUpdate
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, WorkflowAlreadyStartedError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.replacement import ReplacementActivities
     from activities.xid_policy import ClassifyActivities
     from activities.budget import BudgetActivities
+    from backends.replacement import HotSparePool
     from contracts.budget import LeaseState, Notification, NotificationKind, PartitionShare
     from contracts.models import (
         ActionContext,
@@ -50,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         RecoveryPolicy,
         RecoveryRequest,
         ReplacementRequest,
+        ReplacementResult,
         RequeueRequest,
         RequeueResult,
         ReturnToServiceRequest,
@@ -83,6 +85,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.notify import notify
     from workflows.report import build_report
     from workflows.return_to_service import ReturnToServiceWorkflow, return_to_service_workflow_id
+    from workflows.spare_claim import SpareClaimWorkflow, spare_claim_workflow_id
 
 T = TypeVar("T")
 
@@ -90,6 +93,12 @@ T = TypeVar("T")
 # activity, search attributes upserted together, the jobs signalled and requeued at once, the
 # node's partitions read alongside its jobs. Runs begun before keep their path (docs/upgrades.md).
 FEWER_ROUND_TRIPS = "fewer-round-trips"
+# Runs that start on this code claim each hot spare through SpareClaimWorkflow (one claim per
+# spare at a time, across workers); runs begun before keep the single request_replacement call.
+SPARE_CLAIM_LOCK = "spare-claim-lock"
+# A spare another incident is claiming is tried again after its claim ends: every so often, a few times.
+CLAIM_BUSY_WAIT = timedelta(seconds=1)
+CLAIM_BUSY_PASSES = 10
 
 
 
@@ -464,9 +473,11 @@ class NodeRecoveryWorkflow:
             BudgetActivities.quarantined_among, policy.spare_nodes, summary="Which hot spares are quarantined lemons",
             **BUDGET_CALL,
         ) if policy.fleet_budget and policy.spare_nodes else []
-        replacement = await self._step("request_replacement", workflow.execute_activity_method(
-            ReplacementActivities.request_replacement,
-            ReplacementRequest(failed_node=node, spare_nodes=[s for s in policy.spare_nodes if s not in lemons], ctx=ctx),
+        request = ReplacementRequest(failed_node=node, spare_nodes=[s for s in policy.spare_nodes if s not in lemons],
+                                     ctx=ctx)
+        replacement = await self._step("request_replacement", self._claim_spare(request) if workflow.patched(
+            SPARE_CLAIM_LOCK) else workflow.execute_activity_method(
+            ReplacementActivities.request_replacement, request,
             summary=f"Request replacement capacity for {node}", **SLURM_CALL,
         ))
         self._actions.extend(replacement.actions)
@@ -486,6 +497,38 @@ class NodeRecoveryWorkflow:
         ))
         self._note(spare.detail)
         return None, spare
+
+    async def _claim_spare(self, request: ReplacementRequest) -> ReplacementResult:
+        """Try the spares in order, each through its own SpareClaimWorkflow (workflows/spare_claim.py);
+        one another incident is claiming at the moment is tried again once that claim has ended."""
+        actions: list[ActionRecord] = []
+        detail = f"no hot spare on standby among {', '.join(request.spare_nodes) or 'none configured'}"
+        to_try, busy = list(request.spare_nodes), []
+        for _ in range(CLAIM_BUSY_PASSES):
+            busy = []
+            for spare in to_try:
+                try:
+                    tried = await workflow.execute_child_workflow(
+                        SpareClaimWorkflow.run, request.model_copy(update={"spare_nodes": [spare]}),
+                        id=spare_claim_workflow_id(workflow.info().task_queue, spare),
+                        static_summary=f"Claim hot spare {spare} for {request.failed_node}",
+                    )
+                except WorkflowAlreadyStartedError:
+                    busy.append(spare)
+                    continue
+                except ChildWorkflowError as err:  # the claim's final failure is the step's
+                    raise (err.cause if isinstance(err.cause, ActivityError) else err) from None
+                actions.extend(tried.actions)
+                if tried.node is not None:
+                    return tried.model_copy(update={"actions": actions})
+                detail = tried.detail
+            if not busy:
+                break
+            to_try = busy
+            await workflow.sleep(CLAIM_BUSY_WAIT)
+        if busy:
+            detail = f"{detail}; still being claimed by other incidents: {', '.join(busy)}"
+        return ReplacementResult(node=None, provider=HotSparePool.name, actions=actions, detail=detail)
 
     async def _fence_on_kubernetes(self, node: str, ctx: ActionContext) -> tuple[SlurmdPod, datetime]:
         """Slurm on Kubernetes: find the slurmd pod that is this Slurm node, then cordon, taint and

@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from temporalio.api.enums.v1 import PendingActivityState
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from starter.drill import SimulatedKubernetes
@@ -46,6 +47,7 @@ from tests.faults.crash_support import Case, check_recovered_once
 from tests.integration.conftest import stack_settings
 from tests.integration.test_incident_safety import WebhookReceiver
 from worker import register_search_attributes
+from workflows.spare_claim import spare_claim_workflow_id
 
 pytestmark = pytest.mark.slurm
 
@@ -56,7 +58,8 @@ INCIDENT_SECONDS = 300
 # "started": inside a step that takes long enough to be caught running. The test prints where
 # each kill landed (the activity pending then, and its state).
 # (classify_fault is a local activity now: no activity events to wait for; a kill in it is a kill
-# in the first workflow task.)
+# in the first workflow task. request_replacement runs in the spare's claim, a child workflow:
+# its points are read in that child's history.)
 POINTS = [("drain_node", "scheduled"), ("drain_node", "completed"), ("find_jobs", "scheduled"),
           ("partition_shares", "scheduled"), ("signal_job", "scheduled"), ("requeue_job", "scheduled"),
           ("mark_node_down", "scheduled"), ("request_replacement", "scheduled"), ("wait_for_spare", "scheduled"),
@@ -99,11 +102,32 @@ async def case(crash_temporal, local_stack, slurm_cluster) -> AsyncIterator[Case
         await crash.end()
 
 
+async def history_of(case: Case, activity: str) -> WorkflowHandle:
+    """The workflow that runs the activity: the incident, but for request_replacement, which runs
+    in the incident's claim of the first spare (a child workflow: workflows/spare_claim.py)."""
+    assert case.run is not None
+    if activity != "request_replacement":
+        return case.run.handle
+    claim = case.drill.client.get_workflow_handle(
+        spare_claim_workflow_id(case.stack.task_queue, case.drill.spare_nodes[0]))
+
+    async def started() -> bool:
+        try:
+            return (await claim.describe()).run_id is not None
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+
+    await wait_async(started, 120, f"{claim.id} to start")
+    return claim
+
+
 @pytest.mark.parametrize("local_stack", [HOST], indirect=True)
 @pytest.mark.parametrize(("activity", "point"), POINTS, ids=lambda v: v)
 async def test_worker_killed_at_each_point_the_next_worker_finishes(case, activity, point):
     run = await case.start()
-    await wait_for_history_point(run.handle, activity, point, 120)
+    await wait_for_history_point(await history_of(case, activity), activity, point, 120)
     killed, second = case.restart_worker()
     at_kill = (await run.handle.describe()).raw_description
     open_at_kill = at_kill.workflow_execution_info.status == WorkflowExecutionStatus.RUNNING

@@ -35,6 +35,7 @@ from observability.tracing import IncidentTracingInterceptor
 from starter.alerts import raise_alert
 from starter.drill import DrillOptions
 from workflows.node_recovery import incident_workflow_id
+from workflows.spare_claim import spare_claim_workflow_id
 from worker import activities_for, build_slurm, build_worker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,12 +100,16 @@ async def test_a_drill_is_one_trace_and_its_metrics_match_its_report(drill, trac
     while "RunActivity:record_incident" not in {s.name for s in spans.get_finished_spans()}:
         assert time.monotonic() < deadline, [s.name for s in spans.get_finished_spans()]
         await asyncio.sleep(0.1)
-    incident = [s for s in spans.get_finished_spans() if s.attributes.get("temporalWorkflowID") == workflow_id]
-    assert len({s.context.trace_id for s in incident}) == 1, "one trace per incident"
+    # The incident's spans, and its claim of the spare (a child workflow: workflows/spare_claim.py).
+    claim_id = spare_claim_workflow_id(drill.stack.task_queue, report.spare_node)
+    finished = spans.get_finished_spans()
+    incident = [s for s in finished if s.attributes.get("temporalWorkflowID") == workflow_id]
+    claim = [s for s in finished if s.attributes.get("temporalWorkflowID") == claim_id]
+    assert len({s.context.trace_id for s in incident + claim}) == 1, "one trace per incident, its claim in it"
     [root] = [s for s in incident if s.parent is None]
     assert root.name == "RunWorkflow:NodeRecoveryWorkflow"
     by_id = {s.context.span_id: s for s in incident}
-    ran = {s.name.removeprefix("RunActivity:") for s in incident if s.name.startswith("RunActivity:")}
+    ran = {s.name.removeprefix("RunActivity:") for s in incident + claim if s.name.startswith("RunActivity:")}
     assert ran == ACTIVITIES_OF_A_FATAL_XID
     for span in incident:
         if span.name.startswith("RunActivity:"):  # below the workflow's StartActivity of the same activity

@@ -53,6 +53,7 @@ from contracts.models import (
 from starter.alerts import raise_alert
 from workflows.node_recovery import NodeRecoveryWorkflow
 from workflows.return_to_service import ReturnToServiceWorkflow
+from workflows.spare_claim import SpareClaimWorkflow
 
 NOW = datetime(2026, 11, 30, tzinfo=timezone.utc)
 JOB = SlurmJob(job_id=42, state="RUNNING", nodes=["gpu-1", "gpu-2"], comment="checkpoint_dir=/ckpt/42")
@@ -169,7 +170,8 @@ async def incident(env, stand_ins: StandIns, xid: int, grace: float = 600.0, *, 
                    gpu: str | None = None, message: str = "", **policy):
     """A started incident on a worker of its own; yields its workflow handle."""
     task_queue = f"decisions-{uuid.uuid4()}"
-    async with Worker(env.client, task_queue=task_queue, workflows=[NodeRecoveryWorkflow, ReturnToServiceWorkflow],
+    async with Worker(env.client, task_queue=task_queue,
+                      workflows=[NodeRecoveryWorkflow, ReturnToServiceWorkflow, SpareClaimWorkflow],
                       activities=stand_ins.activities()):
         alert = NodeFailureAlert(node=node, xid=xid, gpu=gpu, message=message, source="test", actor="pytest")
         # The time-skipping test server cannot register search attributes; the fleet budget's
