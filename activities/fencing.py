@@ -72,6 +72,12 @@ class FencingActivities:
     async def mark_node_down(self, req: NodeRequest) -> NodeFenceResult:
         return await self._fence(req, "DOWN", done=lambda node: node.state == "down")
 
+    @staticmethod
+    def _left_as_found(req: NodeRequest, node: SlurmNode) -> RepairCheck:
+        action = record("return_to_service", req.node, "none", req.ctx,
+                        f"left as found: fenced by someone else now ({node.reason!r})")
+        return RepairCheck(node=req.node, returned=False, final=True, detail=action.detail, action=action)
+
     @activity.defn
     async def return_to_service(self, req: NodeRequest) -> RepairCheck:
         """After repair: resume the node if its fence is still this incident's, slurmd answers
@@ -85,14 +91,17 @@ class FencingActivities:
             return RepairCheck(node=req.node, returned=False, final=False,
                                detail="resumed; waiting for slurmctld to see it answer")
         if not fenced_by(node, req.ctx):
-            action = record("return_to_service", req.node, "none", req.ctx,
-                            f"left as found: fenced by someone else now ({node.reason!r})")
-            return RepairCheck(node=req.node, returned=False, final=True, detail=action.detail, action=action)
+            return self._left_as_found(req, node)
         if not node.responding:
             return RepairCheck(node=req.node, returned=False, final=False, detail="slurmd does not answer yet")
         healthy, detail = await self._health.check(req.node)
         if not healthy:
             return RepairCheck(node=req.node, returned=False, final=False, detail=detail)
+        # The health check takes a while: someone may have fenced the node meanwhile (an operator's
+        # DRAIN). Look again right before the RESUME, which would undo their fence.
+        node = await self._slurm.get_node(req.node)
+        if not fenced_by(node, req.ctx):
+            return self._left_as_found(req, node)
         call = await self._slurm.update_node(req.node, "RESUME", None)
         action = record("return_to_service", req.node, call, req.ctx, f"repaired and healthy: {detail}")
         # A resumed DOWN node is NOT_RESPONDING until slurmctld's next ping: the next look confirms it.
