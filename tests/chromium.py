@@ -8,7 +8,9 @@ import asyncio
 import base64
 import itertools
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -41,7 +43,7 @@ class Chromium:
             [binary, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
              "--remote-debugging-port=0", f"--user-data-dir={self._profile.name}",
              f"--window-size={self.width},{self.height}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         browser_url = await self._devtools_url()
         self._socket = await connect(browser_url, max_size=None)
         target = await self._call("Target.createTarget", url="about:blank")
@@ -56,8 +58,15 @@ class Chromium:
         if self._socket is not None:
             await self._socket.close()
         if self._process is not None:
-            self._process.terminate()
+            # The whole process group: chromium's helpers (renderer, crashpad) still write to the
+            # profile for a moment after the browser process ends.
+            os.killpg(self._process.pid, signal.SIGTERM)
             self._process.wait(timeout=10)
+            deadline = time.monotonic() + 10
+            while _group_alive(self._process.pid) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if _group_alive(self._process.pid):
+                os.killpg(self._process.pid, signal.SIGKILL)
         self._profile.cleanup()
 
     async def _devtools_url(self) -> str:
@@ -113,3 +122,11 @@ class Chromium:
         path = ARTIFACTS / name
         path.write_bytes(base64.b64decode(shot["data"]))
         return path
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
