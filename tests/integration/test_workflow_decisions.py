@@ -441,5 +441,5 @@ async def test_return_to_service_unfences_the_kubernetes_node_once_healthy(time_
                                    give_up_at=NOW.replace(year=2100)),
             id=f"return-to-service-{uuid.uuid4()}", task_queue=task_queue,
         )
-    assert looks == ["health", "slurm", "health", "slurm", "health", "unfence k8s-gpu-2", "slurm"]
+    assert looks == ["health", "slurm", "health", "slurm", "health", "unfence k8s-gpu-2", "slurm"], (looks, result)
     assert result.returned and [a.action for a in result.actions] == ["unfence_k8s_node"]
