@@ -160,15 +160,17 @@ class LocalStack:
         return {**os.environ, "SLURM_BASE": str(self.slurm_base), "SLURM_PORT_BASE": str(self.cluster_port_base),
                 "SLURM_ROOT": "" if root is None else str(root), **size}
 
-    def start_slurm(self) -> dict[str, str]:
+    def start_slurm(self, clean: bool = False) -> dict[str, str]:
         """Starts the cluster (installing Debian's packages, or building the Debian root, if
-        missing); returns its environment."""
+        missing); returns its environment. `clean`: a cluster not running starts without the
+        nodes' and jobs' saved state (in a Debian root that state outlives the state dir)."""
         root = self.slurm_root
         if root is not None:
             release = DEBIAN_RELEASE_OF_GENERATION[self.slurm_generation]
             _run_script([str(ROOT_SCRIPT), "build", str(root), release], os.environ.copy(),
                         f"the Debian {release} root for Slurm {self.slurm_generation} was not built", timeout=1200)
-        _run_script([str(SLURM_SCRIPT), "start"], self.slurm_env(), "the local Slurm cluster did not start", timeout=600)
+        _run_script([str(SLURM_SCRIPT), "start"], {**self.slurm_env(), "SLURM_CLEAN_STATE": "1" if clean else ""},
+                    "the local Slurm cluster did not start", timeout=600)
         if root is not None:
             self._sync_trainer()
         return self.cluster_env()

@@ -18,7 +18,8 @@
 #
 # Knobs (environment): SLURM_BASE (/tmp/training-recovery/slurm), SLURM_NODES (4),
 # SLURM_SPARES (1), SLURM_PORT_BASE (16800: ctld +17, restd +20, slurmd +101..),
-# SLURM_ROOT (empty: the host's Slurm). start is idempotent: a running cluster with the same
+# SLURM_ROOT (empty: the host's Slurm), SLURM_CLEAN_STATE (empty; 1: a start that finds no
+# slurmctld running forgets the saved nodes and jobs). start is idempotent: a running cluster with the same
 # knobs is left alone; with other knobs it is restarted (a BASE keeps its SLURM_ROOT: stop it
 # and remove BASE to move it). stop kills only processes of this BASE: those in its pid files,
 # its nodes' namespaces, and (in a root) the root's processes configured by its slurm.conf.
@@ -132,6 +133,10 @@ knobs() { echo "nodes=$NODES spares=$SPARES ports=$PORT_BASE base=$BASE root=${R
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 write_config() {
+  if [ -n "${SLURM_CLEAN_STATE:-}" ] && ! alive "$BASE/run/slurmctld.pid"; then
+    log "starting from a clean state (SLURM_CLEAN_STATE)"
+    rm -rf "$BASE/state" "$BASE/spool"
+  fi
   mkdir -p "$BASE"/{etc,state,spool,log,run,munge,dev,bin,faults}
   # Saved jobs and nodes are readable only by the next Slurm releases: a new generation
   # (another root, or the host upgraded to the next Debian) starts from a clean state.

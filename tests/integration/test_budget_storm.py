@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import shutil
 import uuid
 from contextlib import AsyncExitStack
 
@@ -37,9 +36,7 @@ def storm_cluster(local_stack):
     stack = dataclasses.replace(local_stack, state_dir=local_stack.state_dir / "storm", slurm_nodes=NODES,
                                 slurm_spares=0, slurm_port_base=local_stack.slurm_port_base + STORM_PORT_OFFSET)
     stack.stop_slurm()
-    for saved in ("state", "spool"):
-        shutil.rmtree(stack.slurm_base / saved, ignore_errors=True)
-    cluster = stack.start_slurm()
+    cluster = stack.start_slurm(clean=True)
     yield stack, cluster
     stack.stop_slurm()
 
