@@ -15,7 +15,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from worker import register_search_attributes
 from starter.localstack import DEBIAN_RELEASE_OF_GENERATION, LocalStack
-from tests.kubeapi.fixtures import kube_api, kube_client, kube_driver, kube_namespace, kube_seed, kube_server  # noqa: F401
+from tests.kubeapi.fixtures import (  # noqa: F401
+    kube_api, kube_client, kube_driver, kube_namespace, kube_provisioner, kube_seed, kube_simulator, kube_upstream_client)
 
 
 def _binary(name: str) -> str:

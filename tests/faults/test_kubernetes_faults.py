@@ -44,7 +44,7 @@ from contracts.kubernetes import (
     SlurmdPod,
     SlurmdPodRequest,
 )
-from kubesim.server import KubeApiServer
+from kubesim.front import ApiFront
 from kubesim.simulators import Kubelet
 from starter.drill import Drill, DrillOptions, SimulatedKubernetes
 from tests.faults.proxy import FaultProxy
@@ -71,31 +71,31 @@ OPTIONS = {"call": K8S_CALL, "eviction": K8S_EVICTION, "replacement": K8S_REPLAC
 # --- the hook itself ---------------------------------------------------------------------------
 
 
-def test_the_fault_hook_answers_drops_and_delays_as_told(kube_server: KubeApiServer, kube_client, kube_seed):
+def test_the_fault_hook_answers_drops_and_delays_as_told(kube_api: ApiFront, kube_client, kube_seed):
     core = kube.CoreV1Api(kube_client)
     kube_seed.node("n1")
-    kube_server.faults.inject("GET", r"^/api/v1/nodes/n1$", status=429, times=1)
+    kube_api.faults.inject("GET", r"^/api/v1/nodes/n1$", status=429, times=1)
     with pytest.raises(ApiException) as refused:
         core.read_node("n1")
     assert (refused.value.status, refused.value.reason) == (429, "Too Many Requests")
     assert core.read_node("n1").metadata.name == "n1"  # times=1: the next one passes
 
-    dropped = kube_server.faults.inject("POST", r"/eviction$", drop=True, times=None)
+    dropped = kube_api.faults.inject("POST", r"/eviction$", drop=True, times=None)
     kube_seed.pod("p1", "default", node="n1")
     with pytest.raises(urllib3.exceptions.HTTPError):  # no answer at all (POST: urllib3 does not retry)
         core.create_namespaced_pod_eviction("p1", "default", kube.V1Eviction(metadata=kube.V1ObjectMeta(name="p1")))
     assert dropped.hits == 1 and core.read_namespaced_pod("p1", "default").metadata.deletion_timestamp is None
 
     # Held beyond the client's time-out, then served all the same: a slow server still acts.
-    kube_server.faults.clear()
+    kube_api.faults.clear()
     kube_seed.pod("p2", "default", node="n1")
-    kube_server.faults.inject("POST", r"/pods/p2/eviction$", delay=1.0)
+    kube_api.faults.inject("POST", r"/pods/p2/eviction$", delay=1.0)
     with pytest.raises(urllib3.exceptions.ReadTimeoutError):
         core.create_namespaced_pod_eviction("p2", "default", kube.V1Eviction(metadata=kube.V1ObjectMeta(name="p2")),
                                             _request_timeout=0.3)
     eventually(lambda: core.read_namespaced_pod("p2", "default").metadata.deletion_timestamp)
     with pytest.raises(ValueError, match="one of status, delay or drop"):
-        kube_server.faults.inject("GET", "/", status=500, drop=True)
+        kube_api.faults.inject("GET", "/", status=500, drop=True)
 
 
 # --- activity-level: a worker with the Kubernetes activities ------------------------------------
@@ -112,7 +112,7 @@ class KubernetesStep:
 
 @dataclasses.dataclass
 class Stage:
-    server: KubeApiServer
+    server: ApiFront  # the API server, or the proxy in front of a real cluster
     core: kube.CoreV1Api
     namespace: str
     proxy: FaultProxy  # between the worker and slurmrestd
@@ -134,7 +134,7 @@ class Stage:
 
 
 @pytest_asyncio.fixture
-async def stage(time_skipping_env, slurm_cluster, settings, kube_server, kube_client, kube_namespace,  # noqa: F811
+async def stage(time_skipping_env, slurm_cluster, settings, kube_api, kube_client, kube_namespace,  # noqa: F811
                 kube_seed, tmp_path) -> AsyncIterator[Stage]:
     """kubesim with a Node and the slurmd pod of a real Slurm node, that Slurm node drained and
     empty (as it is when the incident evicts), and a worker with the Kubernetes activities whose
@@ -142,14 +142,14 @@ async def stage(time_skipping_env, slurm_cluster, settings, kube_server, kube_cl
     kube_seed.node(NODE)
     kube_seed.pod(SLURM_NODE, kube_namespace, node=NODE, labels=SLURMD_LABELS, grace=1)
     create_nodeset(kube_client, kube_namespace, "gpu", replicas=2)
-    seed_writes = len(kube_server.writes())
+    seed_writes = len(kube_api.writes())
     cli = SlurmCli(slurm_conf=slurm_cluster["SLURM_CONF"], bin_dir=slurm_cluster.get("SLURM_BIN_DIR", ""))
     async with AsyncExitStack() as stack:
         await cli.update_node(SLURM_NODE, "DRAIN", f"recovery: XID 79 incident {INCIDENT} by test")
         stack.push_async_callback(cli.update_node, SLURM_NODE, "RESUME", None)
         proxy = await stack.enter_async_context(FaultProxy(settings.slurmrestd_url))
         slurm = await build_slurm(settings.model_copy(update={"slurmrestd_url": proxy.url}), stack)
-        k8s = k8s_settings(kube_server, tmp_path, namespace=kube_namespace, eviction_deadline_seconds=10,
+        k8s = k8s_settings(kube_api, tmp_path, namespace=kube_namespace, eviction_deadline_seconds=10,
                            termination_deadline_seconds=10, nodeset_scale_up=True)
         worker_api = load_api_client(k8s).api
         stack.callback(worker_api.close)
@@ -157,7 +157,7 @@ async def stage(time_skipping_env, slurm_cluster, settings, kube_server, kube_cl
         await stack.enter_async_context(Worker(
             time_skipping_env.client, task_queue=settings.task_queue, workflows=[KubernetesStep],
             activities=KubernetesActivities(worker_api, k8s, slurm).all()))
-        yield Stage(kube_server, kube.CoreV1Api(kube_client), kube_namespace, proxy, time_skipping_env.client,
+        yield Stage(kube_api, kube.CoreV1Api(kube_client), kube_namespace, proxy, time_skipping_env.client,
                     settings.task_queue, seed_writes)
 
 

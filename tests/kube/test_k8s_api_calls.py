@@ -45,7 +45,7 @@ class RequestLog:
 
 
 async def test_every_request_is_declared_and_every_declared_call_is_made(
-        kube_api, kube_server, kube_client, kube_seed, kube_namespace, tmp_path):
+        kube_api, kube_client, kube_seed, kube_driver, kube_namespace, tmp_path):
     ns = kube_namespace
     for node in ("gpu-2", "gpu-3", "gpu-4"):
         kube_seed.node(node)
@@ -57,7 +57,7 @@ async def test_every_request_is_declared_and_every_declared_call_is_made(
     nodeset = Recovery(k8s_settings(kube_api, tmp_path, namespace=ns, nodeset_scale_up=True), slurm)
     lifecycle = Recovery(k8s_settings(kube_api, tmp_path, namespace=ns, replacement="node-lifecycle",
                                       delete_node=True), slurm)
-    log, records = RequestLog(kube_server), []
+    log, records = RequestLog(kube_api), []
     try:
         acts = nodeset.activities
         since = utc_now()
@@ -65,8 +65,10 @@ async def test_every_request_is_declared_and_every_declared_call_is_made(
         pod = await log.during(nodeset.run(acts.locate_slurmd_pod, SlurmdPodRequest(slurm_node="slurm-gpu-0")))
         evicting = asyncio.ensure_future(
             log.during(nodeset.run(acts.evict_slurmd_pod, EvictRequest(pod=pod, ctx=ctx()))))
-        await asyncio.sleep(0.5)
-        kube_server.finish_terminating_pods()  # the kubelet, without a request of its own
+        deadline = asyncio.get_running_loop().time() + 10
+        while not kube_driver.finish_terminating_pods(ns):  # the kubelet, once the pod is Terminating
+            assert asyncio.get_running_loop().time() < deadline and not evicting.done(), "the pod was not evicted"
+            await asyncio.sleep(0.05)
         evicted = await evicting
         scaled = await log.during(nodeset.run(acts.request_k8s_replacement, K8sReplacementRequest(
             failed_node="gpu-2", slurm_node="slurm-gpu-0", ctx=ctx())))

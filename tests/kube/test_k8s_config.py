@@ -52,16 +52,16 @@ def test_then_the_kubeconfig_environment_variable(kube_api, tmp_path):
     _works(loaded)
 
 
-def test_then_the_in_cluster_service_account(kube_server, tmp_path):
+def test_then_the_in_cluster_service_account(kube_api, tmp_path):
     account = tmp_path / "serviceaccount"
     account.mkdir()
-    (account / "token").write_text(kube_server.token)
-    shutil.copy(kube_server.ca_file, account / "ca.crt")
-    url = urlsplit(kube_server.url)
+    (account / "token").write_text(kube_api.token)
+    shutil.copy(kube_api.ca_file, account / "ca.crt")
+    url = urlsplit(kube_api.url)
     loaded = load_api_client(_settings(service_account_dir=account), environ={
         "KUBERNETES_SERVICE_HOST": url.hostname, "KUBERNETES_SERVICE_PORT": str(url.port), "HOME": str(tmp_path)})
     assert loaded.source.startswith("in-cluster service account")
-    assert loaded.api.configuration.host == kube_server.url
+    assert loaded.api.configuration.host == kube_api.url
     _works(loaded)
 
 
@@ -80,20 +80,20 @@ def test_nothing_to_load_says_where_it_looked(tmp_path):
         load_api_client(_settings(service_account_dir=tmp_path), environ={"HOME": str(tmp_path)})
 
 
-def test_every_request_has_the_configured_time_out_and_a_watch_outlasts_it(kube_server, tmp_path):
+def test_every_request_has_the_configured_time_out_and_a_watch_outlasts_it(kube_api, tmp_path):
     """An API server that never answers fails the call after RECOVERY_K8S_REQUEST_TIMEOUT_SECONDS
     (the client's own default is to wait forever); a watch window longer than that still runs."""
-    path = kube_server.kubeconfig(tmp_path / "timed")
+    path = kube_api.kubeconfig(tmp_path / "timed")
     loaded = load_api_client(_settings(kubeconfig=Path(path), request_timeout_seconds=0.5),
                              environ={"HOME": str(tmp_path)})
     core = CoreV1Api(loaded.api)
     try:
-        stalled = kube_server.faults.inject("GET", r"^/api/v1/nodes/n1$", delay=3.0, times=None)
+        stalled = kube_api.faults.inject("GET", r"^/api/v1/nodes/n1$", delay=3.0, times=None)
         started = time.monotonic()
         with pytest.raises(urllib3.exceptions.HTTPError):
             core.read_node("n1")
         assert time.monotonic() - started < 2.9 and stalled.hits >= 1
-        kube_server.faults.clear()
+        kube_api.faults.clear()
         # 2 s of watching with nothing to see: no time-out error, the window just ends.
         objects, detail = asyncio.run(watch_until(
             core.list_node, _nothing_found, deadline=time.monotonic() + 2, watch_seconds=2, progress=lambda _: None))

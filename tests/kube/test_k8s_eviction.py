@@ -84,7 +84,7 @@ async def test_locate_finds_the_pod_of_a_slurm_node_and_its_node(recovery, seede
     ("Slurm unreadable", "SlurmStateUnknown", False),
 ])
 async def test_no_eviction_unless_slurm_has_let_go_of_the_node(
-        recovery, seeded, slurm, kube_server, kube_namespace, situation, error, final):
+        recovery, seeded, slurm, kube_api, kube_namespace, situation, error, final):
     pod = await _located(recovery)
     if situation == "job running":
         slurm.jobs.append(SlurmJob(job_id=3, state="RUNNING", nodes=[POD, "slurm-gpu-1"]))
@@ -99,18 +99,18 @@ async def test_no_eviction_unless_slurm_has_let_go_of_the_node(
     with pytest.raises(ApplicationError) as raised:
         await recovery.run(recovery.activities.evict_slurmd_pod, EvictRequest(pod=pod, ctx=ctx()))
     assert (raised.value.type, raised.value.non_retryable) == (error, final)
-    assert _evictions(kube_server, kube_namespace) == 0
+    assert _evictions(kube_api, kube_namespace) == 0
     assert not seeded.core.read_namespaced_pod(POD, kube_namespace).metadata.deletion_timestamp
 
 
 async def test_a_pdb_refusal_is_retried_with_backoff_until_the_budget_allows(
-        recovery, seeded, kube_server, kube_client, kube_namespace):
+        recovery, seeded, kube_api, kube_client, kube_namespace):
     seeded.pdb("slurmd", kube_namespace, SLURMD_LABELS, min_available=2)
     pod = await _located(recovery)
     with Kubelet(kube_client, finish_after=0.3):
         evicting = asyncio.ensure_future(
             recovery.run(recovery.activities.evict_slurmd_pod, EvictRequest(pod=pod, ctx=ctx())))
-        while _evictions(kube_server, kube_namespace) < 3:  # refused, waited, refused again ...
+        while _evictions(kube_api, kube_namespace) < 3:  # refused, waited, refused again ...
             assert not evicting.done(), evicting.result()
             await asyncio.sleep(0.05)
         seeded.policy.patch_namespaced_pod_disruption_budget(
@@ -125,7 +125,7 @@ async def test_a_pdb_refusal_is_retried_with_backoff_until_the_budget_allows(
 
 
 async def test_a_pdb_that_never_allows_is_a_final_answer_at_the_deadline(
-        kube_api, seeded, slurm, kube_server, kube_namespace, tmp_path):
+        kube_api, seeded, slurm, kube_namespace, tmp_path):
     seeded.pdb("slurmd", kube_namespace, SLURMD_LABELS, min_available=2)
     recovery = make_recovery(kube_api, kube_namespace, tmp_path, slurm, eviction_deadline_seconds=1)
     try:
@@ -154,7 +154,7 @@ async def test_a_pod_that_stays_terminating_is_waited_for_until_the_deadline(
 
 
 async def test_a_retried_eviction_evicts_once_and_waits_for_the_same_pod(
-        kube_api, kube_seed, slurm, kube_server, kube_client, kube_namespace, tmp_path):
+        kube_api, kube_seed, slurm, kube_client, kube_namespace, tmp_path):
     kube_seed.node(NODE)
     slurmd_pod(kube_seed, POD, kube_namespace, NODE, grace=300)
     recovery = make_recovery(kube_api, kube_namespace, tmp_path, slurm, termination_deadline_seconds=2)
@@ -168,15 +168,15 @@ async def test_a_retried_eviction_evicts_once_and_waits_for_the_same_pod(
     finally:
         recovery.close()
     assert (first.evicted, first.terminated, again.terminated, third.terminated) == (True, False, True, True)
-    assert _evictions(kube_server, kube_namespace) == 1
+    assert _evictions(kube_api, kube_namespace) == 1
     assert [a.detail for a in again.actions] == ["already terminating"]
     assert [a.detail for a in third.actions] == ["already gone"]
 
 
-async def test_dry_run_describes_the_eviction_and_makes_none(recovery, seeded, slurm, kube_server, kube_namespace):
+async def test_dry_run_describes_the_eviction_and_makes_none(recovery, seeded, slurm, kube_api, kube_namespace):
     slurm.set(POD, "allocated")  # the drain before it was only described
     pod = await _located(recovery)
     result = await recovery.run(recovery.activities.evict_slurmd_pod, EvictRequest(pod=pod, ctx=ctx(dry_run=True)))
-    assert not result.evicted and _evictions(kube_server, kube_namespace) == 0
+    assert not result.evicted and _evictions(kube_api, kube_namespace) == 0
     (action,) = result.actions
     assert not action.executed and "would be refused now" in action.detail

@@ -79,21 +79,21 @@ async def test_a_node_cordoned_by_someone_else_stays_cordoned_and_a_prior_fence_
     assert _state(core, "gpu-3") == before
 
 
-async def test_retried_fence_and_unfence_write_once(recovery, kube_server, kube_seed):
+async def test_retried_fence_and_unfence_write_once(recovery, kube_api, kube_seed):
     kube_seed.node("gpu-2")
     first = await recovery.run(recovery.activities.fence_k8s_node, K8sNodeRequest(node="gpu-2", ctx=ctx()))
-    writes = len(kube_server.writes())
+    writes = len(kube_api.writes())
     again = await recovery.run(recovery.activities.fence_k8s_node, K8sNodeRequest(node="gpu-2", ctx=ctx()))
 
     assert not again.changed and again.prior == first.prior  # the prior state is the one before the first fence
-    assert len(kube_server.writes()) == writes
+    assert len(kube_api.writes()) == writes
     assert [a.path for a in again.actions] == ["none", "none"]
 
     await recovery.run(recovery.activities.unfence_k8s_node, K8sNodeRequest(node="gpu-2", ctx=ctx()))
-    writes = len(kube_server.writes())
+    writes = len(kube_api.writes())
     repeat = await recovery.run(recovery.activities.unfence_k8s_node, K8sNodeRequest(node="gpu-2", ctx=ctx()))
     assert not repeat.changed and "no fence of this incident" in repeat.detail
-    assert len(kube_server.writes()) == writes
+    assert len(kube_api.writes()) == writes
 
 
 async def test_another_incidents_fence_is_left_as_found(recovery, kube_seed):
@@ -106,12 +106,12 @@ async def test_another_incidents_fence_is_left_as_found(recovery, kube_seed):
     assert FENCE_ANNOTATION in kube_seed.core.read_node("gpu-2").metadata.annotations
 
 
-async def test_dry_run_describes_the_fence_and_writes_nothing(recovery, kube_server, kube_seed):
+async def test_dry_run_describes_the_fence_and_writes_nothing(recovery, kube_api, kube_seed):
     kube_seed.node("gpu-2")
-    writes = len(kube_server.writes())
+    writes = len(kube_api.writes())
     planned = await recovery.run(recovery.activities.fence_k8s_node,
                                  K8sNodeRequest(node="gpu-2", ctx=ctx(dry_run=True)))
-    assert not planned.changed and len(kube_server.writes()) == writes
+    assert not planned.changed and len(kube_api.writes()) == writes
     assert [(a.executed, a.command.split(" {")[0]) for a in planned.actions] == [
         (False, "PUT /api/v1/nodes/gpu-2"), (False, "PUT /api/v1/nodes/gpu-2/status")]
 
@@ -123,7 +123,7 @@ async def test_unknown_node_is_a_final_answer(recovery):
 
 
 async def test_taint_write_that_meets_a_conflict_rereads_and_keeps_the_concurrent_taints(
-        recovery, kube_server, kube_seed):
+        recovery, kube_api, kube_seed):
     """Another writer adds taints while the fence runs: whenever our PUT meets 409 Conflict it
     reads again, so every taint of theirs survives. Repeated until a conflict really happened."""
     core = kube_seed.core
@@ -157,7 +157,7 @@ async def test_taint_write_that_meets_a_conflict_rereads_and_keeps_the_concurren
             thread.join(10)
         keys = {t.key for t in core.read_node(name).spec.taints}
         assert {"recovery.gpu/unhealthy", *added} <= keys
-        our_puts = [r for r in kube_server.requests if r == ("PUT", f"/api/v1/nodes/{name}")]
+        our_puts = [r for r in kube_api.requests if r == ("PUT", f"/api/v1/nodes/{name}")]
         if len(our_puts) > 1:  # a 409 was met and the write retried from a fresh read
             return
     pytest.fail("no conflict happened in 20 tries")

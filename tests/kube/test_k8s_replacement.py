@@ -27,7 +27,6 @@ from tests.kube.k8s_support import (
     k8s_settings,
     slurmd_pod,
 )
-from kubesim.simulators import Provisioner
 
 FAILED = "gpu-2"
 
@@ -62,14 +61,14 @@ def _wait(since, deadline: float = 20, node: str | None = None) -> K8sSpareWaitR
 
 
 async def test_nodeset_scale_up_brings_a_new_node_once(
-        kube_api, kube_server, kube_client, cluster, slurm, kube_namespace, tmp_path):
+        kube_api, kube_client, kube_provisioner, cluster, slurm, kube_namespace, tmp_path):
     create_nodeset(kube_client, kube_namespace, replicas=2)
     recovery = recovery_with(kube_api, kube_namespace, tmp_path, slurm, nodeset_scale_up=True)
     since = utc_now()
     controller = NodeSetController(cluster, kube_namespace, known=[FAILED, "gpu-3"])
     controller.start()
     try:
-        with Provisioner(kube_client, labels={"pool": "gpu"}) as provisioner:
+        with kube_provisioner(kube_client, labels={"pool": "gpu"}) as provisioner:
             first = await recovery.run(recovery.activities.request_k8s_replacement, _request())
             again = await recovery.run(recovery.activities.request_k8s_replacement, _request())
             spare = await recovery.run(recovery.activities.wait_for_k8s_node, _wait(since))
@@ -82,13 +81,13 @@ async def test_nodeset_scale_up_brings_a_new_node_once(
     assert scale["spec"]["replicas"] == 3
     assert first.accepted and [a.action for a in first.actions] == ["claim_nodeset_scale_up", "scale_nodeset"]
     assert [a.path for a in again.actions] == ["none", "none"]
-    scale_writes = [r for r in kube_server.writes() if r[1].endswith("/nodesets/gpu/scale")]
+    scale_writes = [r for r in kube_api.writes() if r[1].endswith("/nodesets/gpu/scale")]
     assert len(scale_writes) == 1
     assert (spare.healthy, spare.node, spare.slurm_node) == (True, "gpu-new-0", "slurmd-gpu-new-0")
 
 
 async def test_nodeset_recreating_the_evicted_pod_on_a_free_node_is_the_replacement(
-        kube_api, kube_client, cluster, slurm, kube_namespace, tmp_path):
+        kube_api, kube_client, kube_provisioner, cluster, slurm, kube_namespace, tmp_path):
     create_nodeset(kube_client, kube_namespace, replicas=2)
     cluster.node("gpu-4", labels={"pool": "gpu"})  # free: no slurmd pod on it yet
     slurm.set("slurm-gpu-0", "idle")
@@ -118,7 +117,7 @@ async def test_a_missing_nodeset_is_a_final_answer(kube_api, kube_namespace, slu
 
 @pytest.mark.parametrize("delete_node", [False, True])
 async def test_node_lifecycle_gets_a_new_node(
-        kube_api, kube_server, kube_client, cluster, slurm, kube_namespace, tmp_path, delete_node):
+        kube_api, kube_client, kube_provisioner, cluster, slurm, kube_namespace, tmp_path, delete_node):
     recovery = recovery_with(kube_api, kube_namespace, tmp_path, slurm, replacement="node-lifecycle",
                              delete_node=delete_node)
     await recovery.run(recovery.activities.fence_k8s_node, K8sNodeRequest(node=FAILED, ctx=ctx()))
@@ -126,7 +125,7 @@ async def test_node_lifecycle_gets_a_new_node(
     controller = NodeSetController(cluster, kube_namespace, known=[FAILED, "gpu-3"])
     controller.start()
     try:
-        with Provisioner(kube_client, labels={"pool": "gpu"}, replace_label="recovery.gpu/replace"):
+        with kube_provisioner(kube_client, labels={"pool": "gpu"}, replace_label="recovery.gpu/replace"):
             first = await recovery.run(recovery.activities.request_k8s_replacement, _request())
             again = await recovery.run(recovery.activities.request_k8s_replacement, _request())
             spare = await recovery.run(recovery.activities.wait_for_k8s_node, _wait(since))
@@ -134,7 +133,7 @@ async def test_node_lifecycle_gets_a_new_node(
         controller.stop()
         recovery.close()
     assert (spare.healthy, spare.node) == (True, "gpu-new-0")
-    node_writes = [r for r in kube_server.writes() if r[1] == f"/api/v1/nodes/{FAILED}"]
+    node_writes = [r for r in kube_api.writes() if r[1] == f"/api/v1/nodes/{FAILED}"]
     if delete_node:
         assert [a.action for a in first.actions] == ["hand_node_to_lifecycle", "delete_node"]
         assert [m for m, _ in node_writes] == ["PUT", "PUT", "DELETE"]  # fence, label, delete
@@ -194,18 +193,18 @@ async def test_slurm_must_show_the_replacement_idle(kube_api, kube_seed, slurm, 
 
 
 async def test_the_wait_lists_again_after_410_gone(
-        kube_api, kube_server, kube_seed, slurm, kube_namespace, tmp_path):
+        kube_api, kube_seed, slurm, kube_namespace, tmp_path):
     kube_seed.node(FAILED, labels={"pool": "gpu"})
     since = utc_now()
     recovery = recovery_with(kube_api, kube_namespace, tmp_path, slurm)
-    node_lists = lambda: sum(1 for m, p in kube_server.requests  # noqa: E731
+    node_lists = lambda: sum(1 for m, p in kube_api.requests  # noqa: E731
                              if m == "GET" and p.startswith("/api/v1/nodes?") and "watch=" not in p)
     try:
         waiting = asyncio.ensure_future(recovery.run(recovery.activities.wait_for_k8s_node, _wait(since, 30)))
         while node_lists() < 2:  # history moves on without the watched Nodes, then is compacted away
             assert not waiting.done(), waiting.result()
             kube_seed.core.create_namespaced_config_map(kube_namespace, {"metadata": {"generateName": "noise-"}})
-            kube_server.compact()
+            kube_api.compact()
             await asyncio.sleep(0.3)
         kube_seed.node("gpu-new-0", labels={"pool": "gpu"})
         slurmd_pod(kube_seed, "slurmd-gpu-new-0", kube_namespace, "gpu-new-0")

@@ -46,28 +46,28 @@ def test_the_kube_client_fixture_leaves_the_global_configuration_alone(kube_api,
     assert kube_client.configuration.host != client.Configuration.get_default_copy().host
 
 
-def test_a_request_without_the_bearer_token_is_401(kube_server):
+def test_a_request_without_the_bearer_token_is_401(kube_api):
     for api_key in ({}, {"BearerToken": "Bearer wrong-token"}):
-        configuration = client.Configuration(host=kube_server.url, api_key=api_key)
-        configuration.ssl_ca_cert = kube_server.ca_file
+        configuration = client.Configuration(host=kube_api.url, api_key=api_key)
+        configuration.ssl_ca_cert = kube_api.ca_file
         with client.ApiClient(configuration) as anonymous:
             status = expect_api_error(401, client.CoreV1Api(anonymous).list_node)
             assert status["reason"] == "Unauthorized"
 
 
-def test_a_client_that_does_not_trust_the_certificate_is_refused(kube_server):
-    configuration = client.Configuration(host=kube_server.url, api_key={"BearerToken": f"Bearer {kube_server.token}"})
+def test_a_client_that_does_not_trust_the_certificate_is_refused(kube_api):
+    configuration = client.Configuration(host=kube_api.url, api_key={"BearerToken": f"Bearer {kube_api.token}"})
     configuration.retries = 0
     with client.ApiClient(configuration) as untrusting:
         with pytest.raises(urllib3.exceptions.MaxRetryError, match="CERTIFICATE_VERIFY_FAILED"):
             client.CoreV1Api(untrusting).list_node()
 
 
-def test_the_in_cluster_config_loader_works_over_https(kube_server, tmp_path):
+def test_the_in_cluster_config_loader_works_over_https(kube_api, tmp_path):
     token_file, ca_file = tmp_path / "token", tmp_path / "ca.crt"
-    token_file.write_text(kube_server.token)  # no trailing newline: the client would send it in the header
-    ca_file.write_text(open(kube_server.ca_file).read())
-    port = kube_server.url.rsplit(":", 1)[1]
+    token_file.write_text(kube_api.token)  # no trailing newline: the client would send it in the header
+    ca_file.write_text(open(kube_api.ca_file).read())
+    port = kube_api.url.rsplit(":", 1)[1]
     configuration = client.Configuration()
     InClusterConfigLoader(token_filename=str(token_file), cert_filename=str(ca_file),
                           environ={"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": port}
@@ -83,27 +83,27 @@ def test_plain_http_without_a_token(tmp_path):
             assert client.CoreV1Api(api_client).read_namespace("kube-system").status.phase == "Active"
 
 
-def test_injected_faults_answer_the_next_requests(kube_server, kube_client):
+def test_injected_faults_answer_the_next_requests(kube_api, kube_client):
     core = client.CoreV1Api(kube_client)
-    kube_server.fail_next.extend([(500, "InternalError"), (429, "TooManyRequests")])
+    kube_api.fail_next.extend([(500, "InternalError"), (429, "TooManyRequests")])
     assert expect_api_error(500, core.list_node)["reason"] == "InternalError"
     assert expect_api_error(429, core.list_node)["reason"] == "TooManyRequests"
     core.list_node()
 
 
-def test_the_request_log_tells_reads_from_writes(kube_server, kube_client, kube_namespace):
+def test_the_request_log_tells_reads_from_writes(kube_api, kube_client, kube_namespace):
     core = client.CoreV1Api(kube_client)
-    before = len(kube_server.writes())
+    before = len(kube_api.writes())
     core.list_node(label_selector="pool=a100")
     core.read_namespace(kube_namespace)
-    assert kube_server.writes()[before:] == []
-    assert kube_server.requests[-2:] == [("GET", "/api/v1/nodes?labelSelector=pool%3Da100"),
+    assert kube_api.writes()[before:] == []
+    assert kube_api.requests[-2:] == [("GET", "/api/v1/nodes?labelSelector=pool%3Da100"),
                                          ("GET", f"/api/v1/namespaces/{kube_namespace}")]
     core.patch_namespace(kube_namespace, {"metadata": {"labels": {"a": "b"}}})
-    assert kube_server.writes()[before:] == [("PATCH", f"/api/v1/namespaces/{kube_namespace}")]
+    assert kube_api.writes()[before:] == [("PATCH", f"/api/v1/namespaces/{kube_namespace}")]
 
 
-def test_unknown_paths_and_methods(kube_server, kube_client):
+def test_unknown_paths_and_methods(kube_api, kube_client):
     for path in ("/api/v2/nodes", "/apis/nope/v1/things", "/api/v1/nodes/n/log", "/api/v1/widgets"):
         status, body = raw_request(kube_client, "GET", path)
         assert status == 404 and json.loads(body)["kind"] == "Status", path

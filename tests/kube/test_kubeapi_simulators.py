@@ -1,6 +1,6 @@
 """The Kubelet and Provisioner simulators, each seen from the controller's side: over the API,
-through list and watch, with deadlines. They run against the test server only (a real cluster
-has its own kubelets and provisioners)."""
+through list and watch, with deadlines. On a real cluster (RECOVERY_TEST_KUBECONFIG) they act on
+the seeded Nodes and pods only, and the Nodes a Provisioner makes are deleted after the test."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ NODESET = ("slinky.slurm.net", "v1alpha1")
 
 
 @pytest.fixture
-def core(kube_server, kube_client) -> client.CoreV1Api:
+def core(kube_api, kube_client) -> client.CoreV1Api:
     return client.CoreV1Api(kube_client)
 
 
@@ -55,13 +55,13 @@ def test_kubelet_can_finish_sooner_than_the_grace_period(core, kube_client, kube
         eventually(lambda: gone(core, "train", kube_namespace))
 
 
-def test_provisioner_answers_a_nodeset_scale_up_with_a_ready_gpu_node(core, kube_client, kube_namespace):
+def test_provisioner_answers_a_nodeset_scale_up_with_a_ready_gpu_node(core, kube_client, kube_namespace, kube_provisioner):
     custom = client.CustomObjectsApi(kube_client)
     custom.create_namespaced_custom_object(*NODESET, kube_namespace, "nodesets", {
         "apiVersion": "slinky.slurm.net/v1alpha1", "kind": "NodeSet", "metadata": {"name": "gpu"},
         "spec": {"replicas": 1}})
     listed = core.list_node()
-    with Provisioner(kube_client, name_pattern="gpu-new-{n}", ready_after=0.2, gpus=8) as provisioner:
+    with kube_provisioner(kube_client, name_pattern="gpu-new-{n}", ready_after=0.2, gpus=8) as provisioner:
         custom.patch_namespaced_custom_object_scale(*NODESET, kube_namespace, "nodesets", "gpu", {"spec": {"replicas": 2}})
         seen = []
         for event in watch.Watch().stream(core.list_node, resource_version=listed.metadata.resource_version,
@@ -76,18 +76,18 @@ def test_provisioner_answers_a_nodeset_scale_up_with_a_ready_gpu_node(core, kube
     assert provisioner.created == ["gpu-new-0"]
 
 
-def test_provisioner_replaces_a_deleted_node(core, kube_client, kube_seed):
+def test_provisioner_replaces_a_deleted_node(core, kube_client, kube_seed, kube_provisioner):
     kube_seed.node("gpu-new-0")
     kube_seed.node("gpu-3")
-    with Provisioner(kube_client, ready_after=0.1) as provisioner:
+    with kube_provisioner(kube_client, ready_after=0.1) as provisioner:
         core.delete_node("gpu-3")
         eventually(lambda: provisioner.created and ready_gpus(core.read_node(provisioner.created[0])))
     assert provisioner.created == ["gpu-new-1"]  # the lowest free name
 
 
-def test_provisioner_replaces_a_node_labelled_for_replacement(core, kube_client, kube_seed):
+def test_provisioner_replaces_a_node_labelled_for_replacement(core, kube_client, kube_seed, kube_provisioner):
     kube_seed.node("gpu-3")
-    with Provisioner(kube_client, replace_label="recovery/replace", ready_after=0.1, gpus=4,
+    with kube_provisioner(kube_client, replace_label="recovery/replace", ready_after=0.1, gpus=4,
                      labels={"pool": "spare"}) as provisioner:
         core.patch_node("gpu-3", {"metadata": {"labels": {"recovery/replace": "xid-79"}}})
         eventually(lambda: provisioner.created and ready_gpus(core.read_node(provisioner.created[0])) == "4")
@@ -98,9 +98,9 @@ def test_provisioner_replaces_a_node_labelled_for_replacement(core, kube_client,
     assert core.read_node("gpu-new-0").metadata.labels == {"pool": "spare"}
 
 
-def test_a_failing_simulator_reports_its_error_on_stop(kube_server, kube_client):
+def test_a_failing_simulator_reports_its_error_on_stop(kube_api, kube_client):
     provisioner = Provisioner(kube_client).start()
-    kube_server.fail_next.extend([(500, "InternalError")] * 5)
+    kube_api.fail_next.extend([(500, "InternalError")] * 5)
     eventually(lambda: provisioner.error is not None)
     with pytest.raises(RuntimeError, match="Provisioner simulator failed"):
         provisioner.stop()

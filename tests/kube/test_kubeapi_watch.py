@@ -138,7 +138,7 @@ def test_the_error_event_is_a_410_expired_status(kube_driver, kube_client, kube_
     assert (event["object"]["kind"], event["object"]["code"], event["object"]["reason"]) == ("Status", 410, "Expired")
 
 
-def test_the_server_ends_open_watches_when_it_stops(kube_server, core, kube_namespace):
+def test_the_server_ends_open_watches_when_it_stops(kube_api, core, kube_namespace):
     seen: list[str] = []
 
     def follow() -> None:
@@ -153,6 +153,6 @@ def test_the_server_ends_open_watches_when_it_stops(kube_server, core, kube_name
     follower.start()
     core.create_namespaced_config_map(kube_namespace, cm("a"))
     eventually(lambda: seen)
-    kube_server.stop()
+    kube_api.stop()
     follower.join(5)
     assert not follower.is_alive() and seen == ["ADDED", "end"]

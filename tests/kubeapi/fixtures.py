@@ -1,11 +1,12 @@
 """pytest fixtures for tests that talk to Kubernetes (imported by tests/conftest.py).
 
-    kube_api        a started KubeApiServer (HTTPS, bearer token, the NodeSet CRD
-                    slinky.slurm.net/v1alpha1 "nodesets" registered with /status and /scale),
-                    stopped after the test. When RECOVERY_TEST_KUBECONFIG names a kubeconfig, a
-                    RealCluster handle on that cluster instead (its .kubeconfig(path) returns that file).
-    kube_server     the same KubeApiServer, for tests that need what only it has (fail_next,
-                    requests, stop()); skipped on a real cluster.
+    kube_api        what the tests talk to: the in-repo KubeApiServer (HTTPS, bearer token, the NodeSet
+                    CRD slinky.slurm.net/v1alpha1 "nodesets" registered with /status and /scale), or a
+                    KubeApiProxy in front of it (tests/kube runs every test both ways), or, when
+                    RECOVERY_TEST_KUBECONFIG names a kubeconfig, a KubeApiProxy in front of that real
+                    cluster. All three have the request log, injected faults (fail_next, faults),
+                    compact(), stop() and kubeconfig(path); stopped after the test.
+    kube_simulator  the in-repo server behind kube_api; None on a real cluster.
     kube_driver     a ClusterDriver: what a test needs the cluster to do that no API call of the
                     code under test does (watch history expiring, a kubelet finishing a pod, the
                     disruption controller computing a PDB's status), by the test server's hooks
@@ -36,30 +37,18 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from kubesim.front import ApiFront
+from kubesim.proxy import KubeApiProxy
 from kubesim.server import KubeApiServer
+from kubesim.simulators import Provisioner
 
 REAL_CLUSTER_ENV = "RECOVERY_TEST_KUBECONFIG"
 
 
-class RealCluster:
-    """kube_api on a real cluster: the same kubeconfig() as the test server, and nothing else.
-    The NodeSet CRD must be installed there (slinky's slurm-operator chart does)."""
-
-    def __init__(self, kubeconfig_path: str):
-        self.kubeconfig_path = kubeconfig_path
-
-    def kubeconfig(self, path=None) -> str:
-        return self.kubeconfig_path
-
-    def register_crd(self, *args, **kwargs) -> None:
-        pass  # a real cluster serves the CRDs installed in it
-
-
 @pytest.fixture
-def kube_api():
-    real = os.environ.get(REAL_CLUSTER_ENV)
-    if real:
-        yield RealCluster(real)
+def kube_simulator():
+    if os.environ.get(REAL_CLUSTER_ENV):
+        yield None
         return
     server = KubeApiServer().start()
     server.register_crd("slinky.slurm.net", "v1alpha1", "nodesets", "NodeSet")
@@ -70,10 +59,18 @@ def kube_api():
 
 
 @pytest.fixture
-def kube_server(kube_api) -> KubeApiServer:
-    if not isinstance(kube_api, KubeApiServer):
-        pytest.skip(f"needs the in-repo test server's hooks; {REAL_CLUSTER_ENV} names a real cluster")
-    return kube_api
+def kube_api(request, kube_simulator, tmp_path) -> ApiFront:
+    """Parametrised indirectly with "direct" (the default) or "via-proxy"; a real cluster is
+    always behind the proxy, which gives it the test server's hooks."""
+    if kube_simulator is not None and getattr(request, "param", "direct") == "direct":
+        yield kube_simulator
+        return
+    upstream = os.environ.get(REAL_CLUSTER_ENV) or kube_simulator.kubeconfig(tmp_path / "upstream-kubeconfig")
+    proxy = KubeApiProxy(upstream).start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
 
 
 @pytest.fixture
@@ -150,24 +147,37 @@ class RealClusterDriver:
 
 
 @pytest.fixture
-def kube_driver(kube_api, kube_client) -> ClusterDriver:
-    return TestServerDriver(kube_api) if isinstance(kube_api, KubeApiServer) else RealClusterDriver(kube_client)
+def kube_upstream_client(kube_simulator):
+    """On a real cluster, a client straight to it, for what the cluster's own actors do and for the
+    clean-up: neither goes through the proxy's log (nor fails when a test has stopped it). None on
+    the test server, which does both by its hooks."""
+    if kube_simulator is not None:
+        yield None
+        return
+    api_client = config.new_client_from_config(config_file=os.environ[REAL_CLUSTER_ENV])
+    yield api_client
+    api_client.close()
 
 
 @pytest.fixture
-def kube_namespace(kube_api, kube_client):
+def kube_driver(kube_simulator, kube_upstream_client) -> ClusterDriver:
+    return TestServerDriver(kube_simulator) if kube_simulator is not None else RealClusterDriver(kube_upstream_client)
+
+
+@pytest.fixture
+def kube_namespace(kube_simulator, kube_client, kube_upstream_client):
     core = client.CoreV1Api(kube_client)
     name = f"kt-{uuid.uuid4().hex[:8]}"
     core.create_namespace({"metadata": {"name": name}})
-    if not isinstance(kube_api, KubeApiServer):
+    if kube_simulator is None:
         # A real cluster admits pods only once its controller has made the default ServiceAccount.
         eventually(lambda: core.list_namespaced_service_account(name, field_selector="metadata.name=default").items,
                    timeout=30)
     yield name
-    if isinstance(kube_api, KubeApiServer):  # the test server goes away whole
+    if kube_simulator is not None:  # the test server goes away whole
         return
     try:
-        core.delete_namespace(name)
+        client.CoreV1Api(kube_upstream_client).delete_namespace(name)
     except ApiException as e:
         if e.status != 404:
             raise
@@ -213,21 +223,39 @@ class KubeSeed:
         return self.driver.settle_budget(
             self.policy.create_namespaced_pod_disruption_budget(namespace, {"metadata": {"name": name}, "spec": spec}))
 
-    def cleanup(self) -> None:
-        for name in self.nodes:
+    def cleanup(self, core: client.CoreV1Api) -> None:
+        self.delete_nodes(core, self.nodes)
+
+    @staticmethod
+    def delete_nodes(core: client.CoreV1Api, names: list[str]) -> None:
+        for name in names:
             try:
-                self.core.delete_node(name)
+                core.delete_node(name)
             except ApiException as e:
                 if e.status != 404:
                     raise
 
 
 @pytest.fixture
-def kube_seed(kube_api, kube_client, kube_driver):
+def kube_seed(kube_simulator, kube_client, kube_driver, kube_upstream_client):
     seed = KubeSeed(kube_client, kube_driver)
     yield seed
-    if not isinstance(kube_api, KubeApiServer):  # the test server goes away whole
-        seed.cleanup()
+    if kube_simulator is None:  # the test server goes away whole
+        seed.cleanup(client.CoreV1Api(kube_upstream_client))
+
+
+@pytest.fixture
+def kube_provisioner(kube_simulator, kube_upstream_client):
+    """Provisioner(...) (kubesim/simulators.py) that, on a real cluster, deletes the Nodes it made
+    after the test: the cluster keeps them, and the next test's "lowest unused name" moves on."""
+    made: list[Provisioner] = []
+
+    def new(*args, **kwargs) -> Provisioner:
+        made.append(Provisioner(*args, **kwargs))
+        return made[-1]
+    yield new
+    if kube_simulator is None:
+        KubeSeed.delete_nodes(client.CoreV1Api(kube_upstream_client), [n for p in made for n in p.created])
 
 
 def expect_api_error(status: int, call, *args, **kwargs) -> dict:
