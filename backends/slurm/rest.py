@@ -39,7 +39,13 @@ KNOWN_VERSIONS: dict[str, frozenset[str]] = {
 # document that the running slurmrestd serves, so a renamed field fails a test, not a recovery.
 ENDPOINTS: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
     "ping": ("GET", "/ping", (), ()),
-    "get_node": ("GET", "/node/{node_name}", (), ()),
+    # A node is read from the full listing, never GET /node/{node_name}: slurmctld answers the
+    # single-node request without recomputing the nodes' allocated CPUs (24.11.5 proc_req.c,
+    # _slurm_rpc_dump_node_single: select_g_select_nodeinfo_set_all() under "#if 0"), so a node
+    # whose job has left keeps the CPUs of the last full listing, and the client library shows a
+    # node with some CPUs allocated as MIXED, even a DOWN one (node_info.c _set_node_mixed_op):
+    # an eviction waited minutes for a node that was DOWN and empty. Every full listing recomputes.
+    "get_node": ("GET", "/nodes", (), ()),
     "list_jobs": ("GET", "/jobs", (), ()),
     "get_job": ("GET", "/job/{job_id}", (), ()),
     "update_node": ("POST", "/node/{node_name}", (), ("state", "reason")),
@@ -132,11 +138,11 @@ class SlurmRest:
         return await self._request(method, url, params=params, json=body), call
 
     async def get_node(self, name: str) -> SlurmNode:
-        body = await self._call("get_node", node_name=name)
-        nodes = body.get("nodes") or []
-        if not nodes:
-            raise SlurmNotFound(f"node {name} is not in this cluster")
-        return node_from_json(nodes[0])
+        body = await self._call("get_node")
+        for raw in body.get("nodes") or []:
+            if raw.get("name") == name:
+                return node_from_json(raw)
+        raise SlurmNotFound(f"node {name} is not in this cluster")
 
     async def list_jobs(self) -> list[SlurmJob]:
         body = await self._call("list_jobs")

@@ -263,9 +263,6 @@ async def _fails(call) -> ApplicationError:
 
 async def test_a_k8s_incident_with_transient_faults_on_the_fence_and_the_eviction_recovers_with_one_eviction(
         temporal_env, local_stack, slurm_cluster, settings):  # noqa: F811
-    if local_stack.slurm_generation == "24.11":
-        pytest.skip("KNOWN FAILURE, to fix first (issue #8 note): in the full suite on 24.11 the failed node "
-                    "stays MIXED+DRAIN with no job listed after its DOWN, so the eviction waits past the drill's 300 s")
     stack = dataclasses.replace(local_stack, task_queue=settings.task_queue)
     drill = Drill(temporal_env.client, stack, slurm_cluster, settings.policy(),
                   XidPolicyTable(settings.xid_policy_file), say=print)

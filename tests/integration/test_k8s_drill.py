@@ -15,9 +15,6 @@ KUBERNETES_CHECKS = ["slurmd pod evicted after the drain and the requeue", "fail
 
 
 async def test_xid79_on_slurm_on_kubernetes_evicts_the_slurmd_pod_after_the_drain_and_resumes_the_job(drill):
-    if drill.stack.slurm_generation == "24.11":
-        pytest.skip("KNOWN FAILURE, to fix first (see the stop note of session 3): under load on 24.11 the failed "
-                    "node stays MIXED+DRAIN with no job listed after its DOWN, and the eviction waits past 300 s")
     result = await drill.run(DrillOptions(xid=79, k8s=True))
     r = result.report
     assert r.outcome == "recovered", r.model_dump_json(indent=1)

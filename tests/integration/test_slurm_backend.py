@@ -141,7 +141,7 @@ async def test_every_field_read_is_in_the_served_response_schemas(backends, open
     jobs = _response_items(openapi, _operation(openapi, rest.version, "GET", "/jobs"), "jobs")
     assert set(JOB_FIELDS) <= set(jobs), set(JOB_FIELDS) - set(jobs)
     if rest.supports("get_node"):
-        nodes = _response_items(openapi, _operation(openapi, rest.version, "GET", "/node/{node_name}"), "nodes")
+        nodes = _response_items(openapi, _operation(openapi, rest.version, *ENDPOINTS["get_node"][:2]), "nodes")
         assert set(NODE_FIELDS) <= set(nodes), set(NODE_FIELDS) - set(nodes)
 
 
@@ -190,6 +190,38 @@ async def test_a_node_downed_by_the_controller_stays_down_when_its_slurmd_return
         assert node.state == "down" and node.reason.startswith(reason), node
     finally:
         await client.update_node(COMPUTE_NODE, "RESUME", None)
+
+
+async def test_a_node_reads_idle_as_soon_as_its_job_has_left(backends, local_stack, slurm_cluster):
+    """The CPUs Slurm counts on a node are current in every read: on 24.11 a single-node query
+    answered with those of the last full listing, so a node whose job had just been requeued read
+    MIXED (DOWN+DRAIN read MIXED+DRAIN) until someone listed every node, and the slurmd pod's
+    eviction waited for minutes."""
+    from starter.localstack import wait_async
+
+    cli, _, client = backends
+    env = local_stack.slurm_cli_env(slurm_cluster)
+    submitted = await asyncio.create_subprocess_exec(
+        "sbatch", "--parsable", f"--nodelist={COMPUTE_NODE}", "--ntasks=1", "--output=/dev/null",
+        "--wrap=sleep 300", env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await submitted.communicate()
+    assert submitted.returncode == 0, err.decode()
+    job_id = int(out.decode().split(";")[0])
+    try:
+        async def counted_busy():  # a full listing while the job runs: it counts the job's CPU
+            return any(n.name == COMPUTE_NODE and n.state in ("mixed", "allocated") for n in await cli.list_nodes())
+        await wait_async(counted_busy, 40, f"job {job_id} to run on {COMPUTE_NODE}")
+    finally:
+        cancel = await asyncio.create_subprocess_exec("scancel", str(job_id), env=env)
+        await cancel.wait()
+
+    async def job_left():
+        return not await client.jobs_on_node(COMPUTE_NODE)
+    await wait_async(job_left, 40, f"job {job_id} to leave {COMPUTE_NODE}")
+
+    async def idle():
+        return (await client.get_node(COMPUTE_NODE)).state == "idle"
+    await wait_async(idle, 10, f"{COMPUTE_NODE} to read idle with no job on it")
 
 
 async def _not_responding(client) -> bool:
