@@ -96,14 +96,14 @@ class KubeApiProxy(ApiFront):
         headers = {k: v for k, v in request.headers.items() if k in REQUEST_HEADERS}
         outgoing = self._upstream.build_request(request.method, request.url.path, params=request.url.query,
                                                 headers=headers, content=await request.body())
+        watching = request.query_params.get("watch") in WATCHING
         try:
-            answer = await self._upstream.send(outgoing, stream=True)
-        except httpx.HTTPError as e:
+            answer = await self._upstream.send(outgoing, stream=watching)
+        except httpx.HTTPError as e:  # the whole answer but a watch's is read here: a cut one too
             raise ApiError(503, "ServiceUnavailable", f"the proxy's upstream: {type(e).__name__}: {e}") from e
         passed = {k: v for k, v in answer.headers.items() if k in ANSWER_HEADERS}
-        if request.query_params.get("watch") not in WATCHING:
-            body = await answer.aread()
-            await answer.aclose()
+        if not watching:
+            body = answer.content
             if self._since_compaction is not None and answer.is_success:
                 self._remember_answer(body)
             return Response(body, status_code=answer.status_code, headers=passed)
