@@ -138,6 +138,9 @@ class LeaseState(Contract):
     running_jobs: int = 0
     partitions: list[str] = Field(default_factory=list)
     quarantined: bool = Field(False, description="the node is a lemon: never return it to service automatically")
+    lemons: list[NodeName] | None = Field(
+        None, description="every node quarantined when the budget sent this state: spares the incident must "
+        "not claim; None from a budget that does not say (the incident then asks)")
 
     @property
     def granted(self) -> bool:

@@ -74,6 +74,9 @@ class BudgetLedger:
     def quarantined(self, node: str) -> bool:
         return node in self.state.quarantines
 
+    def lemons(self) -> list[str]:
+        return sorted(self.state.quarantines)
+
     def quarantine_status(self, node: str, now: datetime) -> QuarantineStatus:
         active = self.state.quarantines.get(node)
         return QuarantineStatus(

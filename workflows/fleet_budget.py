@@ -241,9 +241,12 @@ class FleetBudgetWorkflow:
     async def _tell(self, incident_id: str) -> None:
         state = self._ledger.lease_state(incident_id)
         assert state is not None
+        # The lemons go with the answer, so that no incident has to query the budget for them: a
+        # thousand queries at once overflow the budget's query buffer (BusyWorkflow).
+        told = state.model_copy(update={"lemons": self._ledger.lemons()})
         try:
             await workflow.get_external_workflow_handle(state.workflow_id, run_id=state.run_id).signal(
-                LEASE_STATE_SIGNAL, state)
+                LEASE_STATE_SIGNAL, told)
         except ApplicationError as err:
             if err.type == "ExternalWorkflowExecutionNotFound":
                 ref = HolderRef(incident_id=incident_id, workflow_id=state.workflow_id, run_id=state.run_id)

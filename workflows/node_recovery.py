@@ -96,6 +96,8 @@ FEWER_ROUND_TRIPS = "fewer-round-trips"
 # Runs that start on this code claim each hot spare through SpareClaimWorkflow (one claim per
 # spare at a time, across workers); runs begun before keep the single request_replacement call.
 SPARE_CLAIM_LOCK = "spare-claim-lock"
+# Runs that start on this code take the quarantined spares from the lease's answer, not a query.
+LEMONS_FROM_LEASE = "lemons-from-lease"
 # A spare another incident is claiming is tried again after its claim ends: every so often, a few times.
 CLAIM_BUSY_WAIT = timedelta(seconds=1)
 CLAIM_BUSY_PASSES = 10
@@ -469,10 +471,7 @@ class NodeRecoveryWorkflow:
                                       policy: RecoveryPolicy) -> tuple[str | None, SpareResult | None]:
         """Bare Slurm: claim and resume a hot spare, then wait until it is healthy. Returns why
         there is no replacement (or None), and the spare. A quarantined lemon is never claimed."""
-        lemons = await workflow.execute_activity_method(
-            BudgetActivities.quarantined_among, policy.spare_nodes, summary="Which hot spares are quarantined lemons",
-            **BUDGET_CALL,
-        ) if policy.fleet_budget and policy.spare_nodes else []
+        lemons = await self._quarantined_spares(policy) if policy.fleet_budget and policy.spare_nodes else []
         request = ReplacementRequest(failed_node=node, spare_nodes=[s for s in policy.spare_nodes if s not in lemons],
                                      ctx=ctx)
         replacement = await self._step("request_replacement", self._claim_spare(request) if workflow.patched(
@@ -497,6 +496,20 @@ class NodeRecoveryWorkflow:
         ))
         self._note(spare.detail)
         return None, spare
+
+    async def _quarantined_spares(self, policy: RecoveryPolicy) -> list[str]:
+        """The spares that are quarantined lemons. Runs that start on this code take them from the
+        lease's answer (the lemons when the budget last told it), not from a query per incident:
+        a spare quarantined since has had an incident of its own, which took it off standby; one
+        released since is passed over this once. Without a lease (dry-run), or from a budget that
+        does not say, the budget is asked."""
+        told = self._lease.state.lemons if self._lease.state is not None else None
+        if told is not None and workflow.patched(LEMONS_FROM_LEASE):
+            return [spare for spare in policy.spare_nodes if spare in told]
+        return await workflow.execute_activity_method(
+            BudgetActivities.quarantined_among, policy.spare_nodes, summary="Which hot spares are quarantined lemons",
+            **BUDGET_CALL,
+        )
 
     async def _claim_spare(self, request: ReplacementRequest) -> ReplacementResult:
         """Try the spares in order, each through its own SpareClaimWorkflow (workflows/spare_claim.py);

@@ -13,6 +13,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from temporalio.client import WorkflowHandle
 
 from activities.xid_policy import XidPolicyTable
 from contracts.audit import configure_sink, remove_sink
-from contracts.budget import LeaseState, TimelineKind
+from backends.replacement import SPARE_STANDBY_REASON
+from contracts.budget import BudgetState, FleetBudgetInput, IncidentMark, LeaseState, Quarantine, TimelineKind
 from contracts.models import NodeFailureAlert, OperatorDecision
 from contracts.settings import Settings
 from starter.alerts import raise_alert
@@ -31,7 +33,7 @@ from starter.localstack import REPO, wait_async
 from tests.integration.conftest import stack_settings
 from worker import activities_for, build_slurm, build_worker
 from workflows.fleet_budget import FleetBudgetWorkflow, fleet_budget_workflow_id
-from workflows.node_recovery import NodeRecoveryWorkflow
+from workflows.node_recovery import NodeRecoveryWorkflow, incident_workflow_id
 from workflows.return_to_service import ReturnToServiceWorkflow
 
 pytestmark = pytest.mark.slurm
@@ -267,3 +269,35 @@ async def test_a_lemon_is_quarantined_and_returns_to_service_only_after_an_opera
         timeline = await f.budget.query(FleetBudgetWorkflow.timeline)
         [release] = [e for e in timeline if e.kind == TimelineKind.QUARANTINE_RELEASED]
         assert release.actor == "dana" and "PSU replaced, RMA 991" in release.detail, release
+
+
+async def test_a_quarantined_spare_is_passed_over_with_the_lemons_the_lease_answer_carries(
+        temporal_env, local_stack, slurm_cluster):
+    async with fleet(temporal_env, local_stack, slurm_cluster) as f:
+        [lemon] = f.drill.spare_nodes
+        # The budget already holds the only spare as a lemon, as a budget that quarantined it and
+        # continued as new would.
+        policy = f.settings.budget_policy()
+        marks = [IncidentMark(incident_id=f"{lemon}-2026113{n}T000000Z", at=datetime.now(timezone.utc))
+                 for n in range(policy.lemon_incidents)]
+        state = BudgetState(policy=policy, quarantines={lemon: Quarantine(node=lemon, since=marks[-1].at,
+                                                                          incidents=marks)})
+        await temporal_env.client.start_workflow(FleetBudgetWorkflow.run, FleetBudgetInput(policy=policy, state=state),
+                                                 id=f.budget.id, task_queue=f.settings.task_queue)
+
+        result = await f.drill.run(DrillOptions(xid=79))
+        report = result.report
+        assert report.outcome.startswith("no_replacement"), report.outcome  # and every job verified
+        assert report.spare_node is None
+        replacement = next(p for p in report.phases if p.name == "request_replacement")
+        assert f"quarantined spares passed over: {lemon}" in replacement.result, replacement.result
+        spare = await f.drill.slurm.get_node(lemon)
+        assert spare.drained and spare.reason.endswith(SPARE_STANDBY_REASON), spare  # never resumed
+
+        # From the lease's answer: the incident asked the budget nothing else (a query per
+        # incident overflows the budget's query buffer in a storm).
+        incident = temporal_env.client.get_workflow_handle(incident_workflow_id(report.node))
+        activities = [event.activity_task_scheduled_event_attributes.activity_type.name
+                      async for event in incident.fetch_history_events()
+                      if event.HasField("activity_task_scheduled_event_attributes")]
+        assert "request_lease" in activities and "quarantined_among" not in activities, activities

@@ -26,6 +26,10 @@ from tests.replay.variants import NodeRecoveryWithAnExtraStep, NodeRecoveryWithA
 from workflows.node_recovery import NodeRecoveryWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
+# The Replayer runs workflows on the task queue `replay-<build_id>`, and an incident names its
+# spare claims after its task queue: fixtures are recorded on `replay-fixtures` (record.py), so
+# that those ids replay as they were recorded.
+REPLAY_BUILD_ID = "fixtures"
 FIXTURES = sorted(HISTORIES.glob("*.json"))
 
 
@@ -76,7 +80,8 @@ def test_fixtures_cover_the_recorded_incidents():
 @pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
 async def test_recorded_history_replays_on_the_current_code(path):
     history = load(path)
-    replayer = Replayer(workflows=workflow_classes(), data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=workflow_classes(), data_converter=pydantic_data_converter,
+                        build_id=REPLAY_BUILD_ID)
     # Raises (NondeterminismError or the workflow's own failure) when the code diverges.
     await replayer.replay_workflow(history)
 
