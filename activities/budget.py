@@ -2,7 +2,7 @@
 
 Activities (registered on the worker): `request_lease` (signal-with-start: the budget starts with
 the first request of the namespace), `check_quarantine` (before a node returns to service),
-`quarantined_among` (spares the incident must not claim) and `find_closed_holders` (for the
+`quarantined_among` (spares the incident must not claim, when no lease answer told it) and `find_closed_holders` (for the
 budget's lease expiry).
 
 Client calls (for the worker and the CLI): ensure_fleet_budget() at worker start-up, so that the
