@@ -269,9 +269,11 @@ async def _drained_and_signalled(call_log: Path, nodes: set[str], timeout: float
     drained: dict[str, float] = {}
     signalled: dict[str, float] = {}
     deadline = time.monotonic() + timeout
+    unfinished = ""  # a line the worker is still writing
     with call_log.open() as log:
         while len(drained) < len(nodes) or len(signalled) < len(nodes):
-            for line in log.readlines():
+            *lines, unfinished = (unfinished + log.read()).split("\n")
+            for line in lines:
                 at, operation, target, *detail = line.split()
                 if operation == "update_node" and detail == ["DRAIN"] and target in nodes:
                     drained.setdefault(target, float(at))

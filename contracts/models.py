@@ -358,6 +358,10 @@ class ReturnToServiceRequest(Contract):
         None, description="Slurm on Kubernetes: the Node the incident fenced, unfenced once the node is healthy")
     kubernetes_unfenced: bool = False
     fleet_budget: bool = Field(False, description="ask the fleet budget first: a quarantined lemon is not returned")
+    lemon: bool | None = Field(
+        None, description="whether the incident's lease found the node quarantined. Only a lemon is asked about at "
+        "every look (to hear of its release): a node becomes one only at a lease request of its own next incident, "
+        "which takes the node over from this watcher. None: not known, ask")
     poll_seconds: float = Field(gt=0)
     give_up_at: datetime
     checks: int = 0

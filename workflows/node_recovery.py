@@ -620,6 +620,7 @@ class NodeRecoveryWorkflow:
             ReturnToServiceRequest(
                 node=node, poll_seconds=policy.repair_poll_seconds, kubernetes_node=kubernetes_node,
                 fleet_budget=policy.fleet_budget,
+                lemon=self._lease.state.quarantined if self._lease.state is not None else None,
                 give_up_at=workflow.now() + timedelta(seconds=policy.repair_wait_seconds),
                 ctx=ctx.model_copy(update={"actor": f"{policy.owner} policy",
                                            "reason": f"return to service after repair (incident {ctx.incident_id})"}),

@@ -6,7 +6,8 @@ health check hook passes, it resumes the node; a node fenced by someone else mea
 found. It gives up at `give_up_at`, leaving the node out of service, and says so. On Kubernetes
 it first undoes the incident's fence of the Node, once the health check passes. A node the fleet
 budget has quarantined as a lemon is never returned: it waits (and is looked at again) until an
-operator runs `recovery release-quarantine NODE`. The budget never holds up a return otherwise.
+operator runs `recovery release-quarantine NODE`; the budget is asked at each look only about a
+node the incident's lease found quarantined (`lemon`). The budget never holds up a return otherwise.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ class ReturnToServiceWorkflow:
     @workflow.run
     async def run(self, req: ReturnToServiceRequest) -> ReturnToServiceResult:
         for _ in range(CHECKS_PER_RUN):
-            quarantine = await check_quarantine(req.node) if req.fleet_budget else None
+            # Not per look for every node: a thousand watchers querying the one budget at once
+            # overflow its query buffer and hold up the incidents still waiting for their lease.
+            quarantine = await check_quarantine(req.node) if req.fleet_budget and req.lemon is not False else None
             if quarantine is not None and quarantine.quarantined:
                 req.checks += 1
                 waiting_for = f"quarantined as a lemon; `recovery release-quarantine {req.node}` lets it return"

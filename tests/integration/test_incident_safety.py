@@ -301,3 +301,16 @@ async def test_a_quarantined_spare_is_passed_over_with_the_lemons_the_lease_answ
                       async for event in incident.fetch_history_events()
                       if event.HasField("activity_task_scheduled_event_attributes")]
         assert "request_lease" in activities and "quarantined_among" not in activities, activities
+
+        # The failed node was no lemon when its incident took the lease: its watcher looks at it
+        # without asking the budget (a thousand watchers asking at once hold the budget up).
+        watcher = temporal_env.client.get_workflow_handle(report.return_to_service)
+
+        async def watcher_activities() -> list[str] | None:
+            names = [event.activity_task_scheduled_event_attributes.activity_type.name
+                     async for event in watcher.fetch_history_events()
+                     if event.HasField("activity_task_scheduled_event_attributes")]
+            return names if "return_to_service" in names else None
+
+        looks = await wait_async(watcher_activities, 30, "the watcher's first look at the node")
+        assert "check_quarantine" not in looks, looks
