@@ -12,6 +12,7 @@ of other partitions.
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime, timedelta
 
 from contracts.audit import ActorKind
@@ -44,6 +45,17 @@ class BudgetLedger:
         self.state = state
         self._budget_workflow_id = budget_workflow_id
         self._budget_epoch = budget_epoch
+        # Derived from state.leases and kept in step by every change (request, grant, end), so
+        # that a request costs the same with a thousand leases as with one: scanning every lease
+        # for each request made a workflow task of a storm's requests outlast Temporal's 2 s
+        # deadlock limit at N = 1,000. Lookup by incident; waiting in arrival order; holders in
+        # the order of their grant (time only grows, so the first holder's lease expires first);
+        # holders per partition.
+        self._active_by_incident = {lease.state.incident_id: lease for lease in state.leases}
+        self._waiting = {lease.state.incident_id: lease for lease in state.leases if lease.state.waiting}
+        self._holding = {lease.state.incident_id: lease for lease in sorted(
+            (lease for lease in state.leases if lease.state.granted), key=lambda lease: lease.state.granted_at)}
+        self._held_per_partition = Counter(p for lease in self._holding.values() for p in set(lease.state.partitions))
 
     @property
     def policy(self) -> BudgetPolicy:
@@ -98,11 +110,13 @@ class BudgetLedger:
     def next_deadline(self, now: datetime) -> datetime | None:
         """When time alone changes a decision: a lease reaches its maximum duration, or a
         disruption leaves the window that a waiting request needs room in."""
-        max_held = timedelta(seconds=self.policy.lease_max_seconds)
-        deadlines = [lease.state.granted_at + max_held for lease in self.holders() if lease.state.granted_at]
-        in_window = self._disruptions_in_window(now)
-        if in_window and any(w.state.blocked_by == BlockedBy.DISRUPTED_JOBS for w in self.waiting()):
-            deadlines.append(min(d.at for d in in_window) + timedelta(seconds=self.policy.disruption_window_seconds))
+        first_granted = next((lease.state.granted_at for lease in self._holding.values()), None)
+        deadlines = [first_granted + timedelta(seconds=self.policy.lease_max_seconds)] if first_granted else []
+        if any(w.state.blocked_by == BlockedBy.DISRUPTED_JOBS for w in self._waiting.values()):
+            in_window = self._disruptions_in_window(now)
+            if in_window:
+                deadlines.append(min(d.at for d in in_window)
+                                 + timedelta(seconds=self.policy.disruption_window_seconds))
         return min(deadlines, default=None)
 
     # --- deciding -----------------------------------------------------------------------------
@@ -125,6 +139,7 @@ class BudgetLedger:
                 quarantined=self.quarantined(req.node),
             ))
             self.state.leases.append(lease)
+            self._active_by_incident[req.incident_id] = self._waiting[req.incident_id] = lease
             events += self.admit(now)
             if lease.state.waiting:
                 events.append(self._event(TimelineKind.QUEUED, now, lease, detail=lease.state.reason))
@@ -138,7 +153,7 @@ class BudgetLedger:
         """Grant, in arrival order, every waiting request that the budget allows now."""
         events = []
         jobs_held_back = False
-        for lease in self.waiting():
+        for lease in list(self._waiting.values()):
             blocked = self._blocker(lease.request, now, jobs_held_back)
             if blocked is None:
                 events.append(self._grant(lease, now))
@@ -210,13 +225,13 @@ class BudgetLedger:
     # --- inside -------------------------------------------------------------------------------
 
     def _active(self, incident_id: str) -> Lease | None:
-        return next((lease for lease in self.state.leases if lease.state.incident_id == incident_id), None)
+        return self._active_by_incident.get(incident_id)
 
     def _blocker(self, req: LeaseRequest, now: datetime, jobs_held_back: bool) -> tuple[BlockedBy, str] | None:
         policy = self.policy
-        holders = self.holders()
-        if len(holders) >= policy.max_nodes:
-            return BlockedBy.MAX_NODES, f"{len(holders)} of {policy.max_nodes} nodes already under remediation"
+        held = len(self._holding)
+        if held >= policy.max_nodes:
+            return BlockedBy.MAX_NODES, f"{held} of {policy.max_nodes} nodes already under remediation"
         if req.running_jobs:
             if jobs_held_back:
                 return BlockedBy.DISRUPTED_JOBS, "behind an earlier request waiting for the disrupted-jobs budget"
@@ -228,7 +243,7 @@ class BudgetLedger:
                     f"{req.running_jobs} more would pass {policy.max_disrupted_jobs}")
         for partition in req.partitions:
             share = policy.partition_share(partition.name, partition.size)
-            busy = sum(partition.name in lease.state.partitions for lease in holders)
+            busy = self._held_per_partition[partition.name]
             if busy >= share:
                 return BlockedBy.PARTITION, (f"partition {partition.name}: {busy} of its {share} node(s) "
                                              f"under remediation (of {partition.size} nodes)")
@@ -242,6 +257,9 @@ class BudgetLedger:
         else:
             state.granted_by, state.reason = "policy", "within budget"
         state.status, state.granted_at, state.blocked_by = LeaseStatus.GRANTED, now, None
+        del self._waiting[state.incident_id]
+        self._holding[state.incident_id] = lease
+        self._held_per_partition.update(set(state.partitions))
         if lease.request.running_jobs:
             self.state.disruptions = self._disruptions_in_window(now) + [
                 Disruption(incident_id=state.incident_id, at=now, jobs=lease.request.running_jobs)]
@@ -252,6 +270,10 @@ class BudgetLedger:
              now: datetime) -> list[TimelineEvent]:
         self.state.leases.remove(lease)
         state = lease.state
+        del self._active_by_incident[state.incident_id]
+        self._waiting.pop(state.incident_id, None)
+        if self._holding.pop(state.incident_id, None) is not None:
+            self._held_per_partition.subtract(set(state.partitions))
         state.status, state.ended_at, state.reason, state.blocked_by = status, now, reason, None
         self.state.finished.append(state)
         del self.state.finished[:-FINISHED_KEPT]
@@ -294,7 +316,7 @@ class BudgetLedger:
             lease.state.version = self.state.seq
             node, incident_id = lease.state.node, lease.state.incident_id
         event = TimelineEvent(seq=self.state.seq, at=now, kind=kind, incident_id=incident_id,
-                              node=node, holders=len(self.holders()), actor=actor, actor_kind=actor_kind,
+                              node=node, holders=len(self._holding), actor=actor, actor_kind=actor_kind,
                               detail=detail)
         self.state.timeline.append(event)
         del self.state.timeline[:-self.policy.timeline_limit]

@@ -4,6 +4,7 @@ expiry and reclaiming, lemon detection and its release, the bounded timeline."""
 
 from __future__ import annotations
 
+import random
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -238,3 +239,39 @@ def test_policy_change_is_recorded_and_may_admit_waiters():
     assert events[0].actor_kind == "operator"
     assert book.lease_state(waiter.incident_id).granted
     assert book.set_policy(BudgetPolicy(max_nodes=2), T0) == []
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_ledger_continued_from_its_state_decides_as_the_live_one(seed):
+    """The ledger counts its leases (by incident, waiting, holding, per partition) instead of
+    scanning them for each request; a ledger built from the same state, as the budget is after
+    continue-as-new, must decide every next step exactly as the live one."""
+    rng = random.Random(seed)
+    policy = dict(max_nodes=6, max_disrupted_jobs=8, partition_fractions={"a": 0.5}, lease_max_seconds=3600,
+                  disruption_window_seconds=1800)
+    live = ledger(**policy)
+    now, asked = T0, []
+    for step in range(300):
+        now += timedelta(seconds=rng.choice([1, 30, 300]))
+        continued = BudgetLedger(live.state.model_copy(deep=True), "fleet-budget-test", "first-run")
+        choice = rng.random()
+        if choice < 0.5 or not asked:
+            req = request(step, node=f"gpu-{rng.randrange(12)}", jobs=rng.choice([0, 1, 3]),
+                          partitions=rng.choice([{}, {"a": 4}, {"b": 8}, {"a": 4, "b": 8}]))
+            asked.append(req)
+            act = lambda book: book.request(req, now)  # noqa: E731
+        elif choice < 0.65:
+            again = rng.choice(asked)  # a repeated request, or one with an operator's approval
+            if rng.random() < 0.3:
+                again = again.model_copy(update={"approval": OperatorDecision(actor="dana", reason="urgent")})
+            act = lambda book: book.request(again, now)  # noqa: E731
+        elif choice < 0.9:
+            gone = rng.choice(asked).incident_id
+            act = lambda book: book.release(gone, "done", now)  # noqa: E731
+        else:
+            act = lambda book: book.expire_overdue(now)  # noqa: E731
+        assert act(continued) == act(live), step
+        assert continued.state == live.state, step
+        assert continued.next_deadline(now) == live.next_deadline(now), step
+        assert continued.status(now) == live.status(now), step
+    assert live.holders() and live.state.finished  # the sequence reached both
