@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -51,6 +51,9 @@ from tests.integration.test_telemetry import points
 from contracts.audit import configure_sink, remove_sink
 from contracts.budget import (
     BudgetPolicy,
+    BudgetState,
+    BudgetStatus,
+    FleetBudgetInput,
     LeaseRelease,
     LeaseRequest,
     LeaseState,
@@ -64,6 +67,7 @@ from contracts.budget import (
     WebhookTarget,
 )
 from workflows.budget_lease import LEASE_STATE_SIGNAL, BudgetLease, check_quarantine
+from workflows.budget_ledger import FINISHED_KEPT, BudgetLedger
 from workflows.fleet_budget import FleetBudgetWorkflow
 from workflows.notify import NotificationWorkflow, notification_workflow_id, notify
 
@@ -559,3 +563,38 @@ async def test_a_quarantine_is_notified_when_notifications_are_on(time_skipping_
     sent = Notification.model_validate_json(body)
     assert (sent.kind, sent.node) == (NotificationKind.QUARANTINED, "gpu-4")
     assert "recovery release-quarantine gpu-4" in sent.summary
+
+
+async def test_an_answer_owed_for_a_lease_the_ledger_has_forgotten_is_skipped(temporal_env, audit_file):
+    """A repeated request is answered once the loop runs; if by then so many leases ended that the
+    ledger forgot this one (it keeps the last FINISHED_KEPT), there is nothing left to tell. At
+    N = 1,000 this failed every workflow task of the budget. Here all of it lands in the budget's
+    first workflow task: the signals are sent before its worker starts."""
+    task_queue, budget_id = f"budget-{uuid.uuid4()}", f"fleet-budget-{uuid.uuid4().hex[:8]}"
+    policy = BudgetPolicy(max_nodes=FINISHED_KEPT + 1, max_disrupted_jobs=1000)
+    requests = [LeaseRequest(incident_id=f"gpu-{n}-incident", node=f"gpu-{n}", workflow_id=f"gone-{n}",
+                             run_id=str(uuid.uuid4()), partitions=[], running_jobs=0) for n in range(FINISHED_KEPT + 1)]
+    book = BudgetLedger(BudgetState(policy=policy), budget_id, "first-run")
+    for req in requests:
+        book.request(req, datetime.now(timezone.utc))
+    assert len(book.holders()) == FINISHED_KEPT + 1
+    budget = await temporal_env.client.start_workflow(
+        FleetBudgetWorkflow.run, FleetBudgetInput(policy=policy, state=book.state), id=budget_id, task_queue=task_queue)
+    await budget.signal(FleetBudgetWorkflow.request_lease, requests[0])  # the answer is owed from here
+    for req in requests:  # the first ends first, and is the one forgotten
+        await budget.signal(FleetBudgetWorkflow.release_lease, LeaseRelease(incident_id=req.incident_id))
+    budget_activities = BudgetActivities(temporal_env.client, policy, task_queue, workflow_id=budget_id)
+    metrics = RecoveryMetrics(MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("test"))
+    async with Worker(temporal_env.client, task_queue=task_queue, workflows=[FleetBudgetWorkflow],
+                      activities=[budget_activities.find_closed_holders, write_audit,
+                                  TelemetryActivities(metrics).record_budget_in_use]):
+        async def all_returned() -> BudgetStatus | None:
+            status = await budget.query(FleetBudgetWorkflow.status)
+            return status if not status.holders else None
+
+        status = await wait_async(all_returned, 30, "the budget to take every lease back")
+        forgotten = await budget.query(FleetBudgetWorkflow.lease, requests[0].incident_id)
+        failed = [event async for event in budget.fetch_history_events()
+                  if event.HasField("workflow_task_failed_event_attributes")]
+        await budget.cancel()
+    assert status.holders == [] and forgotten is None and not failed, failed
