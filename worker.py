@@ -21,7 +21,7 @@ from temporalio.service import RPCError, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
-from activities.audit import write_audit
+from activities.audit import write_audit, write_audit_lines
 from activities.budget import BudgetActivities, ensure_fleet_budget
 from activities.fencing import FencingActivities
 from activities.notify import NotifyActivities
@@ -161,6 +161,7 @@ def activities_for(settings: Settings, slurm: SlurmClient, temporal: Client,
         budget.find_closed_holders,
         NotifyActivities(settings.webhook_target()).deliver_notification,
         write_audit,
+        write_audit_lines,
         *(kubernetes_activities(kubernetes, slurm, resources) if kubernetes is not None else []),
     ]
 

@@ -11,3 +11,10 @@ from contracts.audit import AuditEvent, write_event
 @activity.defn
 async def write_audit(event: AuditEvent) -> None:
     write_event(event)
+
+
+@activity.defn
+async def write_audit_lines(events: list[AuditEvent]) -> None:
+    """Several decisions' lines at once (a trail that holds them: workflows/audit_trail.py)."""
+    for event in events:
+        write_event(event)

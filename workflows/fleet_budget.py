@@ -65,6 +65,10 @@ from workflows.audit_trail import AuditTrail
 from workflows.notify import notify
 
 FLEET_BUDGET_WORKFLOW_ID = "fleet-budget"
+# Runs that start on this code hold a workflow task's audit lines and write them with one local
+# activity once its answers are out; runs begun before write each line with a local activity of
+# its own as it is decided (docs/upgrades.md).
+AUDIT_LINES_HELD = "audit-lines-held"
 
 
 def fleet_budget_workflow_id(task_queue: str) -> str:
@@ -108,7 +112,7 @@ class FleetBudgetWorkflow:
         info = workflow.info()
         self._ledger = BudgetLedger(inp.state or BudgetState(policy=inp.policy), info.workflow_id,
                                     budget_epoch=info.first_execution_run_id)
-        self._audit = AuditTrail()
+        self._audit = AuditTrail(hold=workflow.patched(AUDIT_LINES_HELD))
         self._to_tell: list[str] = []
         self._to_notify: list[Notification] = []
         self._next_holder_check: datetime | None = None
@@ -175,6 +179,7 @@ class FleetBudgetWorkflow:
                 await self._check_holders()
             await self._tell_incidents()
             await self._send_notifications()
+            self._audit.write_held()  # after the answers: their workflow task waited for no line
             await self._report_in_use()
             if self._history_is_long():
                 await self._audit.flush()
@@ -186,8 +191,8 @@ class FleetBudgetWorkflow:
 
     def _decided(self, events: list[TimelineEvent]) -> None:
         """Audit every decision, queue what incidents and the webhook must hear, and wake the loop
-        when it has something to send, a deadline came closer than the one it sleeps until, or
-        the history is long enough to continue as new."""
+        when it has something to send or write, a deadline came closer than the one it sleeps
+        until, or the history is long enough to continue as new."""
         for event in events:
             self._audit.decision(
                 AUDIT_ACTIONS[event.kind], incident=event.incident_id, node=event.node, reason=event.detail,
@@ -205,7 +210,8 @@ class FleetBudgetWorkflow:
             self._next_holder_check = now + timedelta(seconds=self._ledger.policy.holder_check_seconds)
         deadline = self._deadline(now)
         came_closer = deadline is not None and (self._sleeping_until is None or deadline < self._sleeping_until)
-        self._wake = self._wake or bool(self._to_tell or self._to_notify) or came_closer or self._history_is_long()
+        self._wake = (self._wake or bool(self._to_tell or self._to_notify) or self._audit.holding or came_closer
+                      or self._history_is_long())
 
     def _deadline(self, now: datetime) -> datetime | None:
         return min(filter(None, (self._ledger.next_deadline(now), self._next_holder_check)), default=None)

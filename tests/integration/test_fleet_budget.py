@@ -41,7 +41,7 @@ from temporalio.worker import Replayer, Worker
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from activities.audit import write_audit
+from activities.audit import write_audit, write_audit_lines
 from activities.budget import BudgetActivities, fleet_budget_status, release_quarantine
 from activities.notify import NotifyActivities
 from activities.telemetry import TelemetryActivities
@@ -228,7 +228,7 @@ async def fleet(env, policy: BudgetPolicy, webhook: WebhookTarget | None = None,
     reader = InMemoryMetricReader()
     metrics = RecoveryMetrics(MeterProvider(metric_readers=[reader]).get_meter("test"))
     activities = [request_lease(budget) if request_lease else budget.request_lease, budget.check_quarantine,
-                  budget.find_closed_holders, notifier.deliver_notification, write_audit,
+                  budget.find_closed_holders, notifier.deliver_notification, write_audit, write_audit_lines,
                   TelemetryActivities(metrics).record_budget_in_use]
     under_test = Fleet(env.client, task_queue, budget_id, reader)
     async with Worker(env.client, task_queue=task_queue, activities=activities, max_concurrent_activities=50,
@@ -583,18 +583,84 @@ async def test_an_answer_owed_for_a_lease_the_ledger_has_forgotten_is_skipped(te
     await budget.signal(FleetBudgetWorkflow.request_lease, requests[0])  # the answer is owed from here
     for req in requests:  # the first ends first, and is the one forgotten
         await budget.signal(FleetBudgetWorkflow.release_lease, LeaseRelease(incident_id=req.incident_id))
-    budget_activities = BudgetActivities(temporal_env.client, policy, task_queue, workflow_id=budget_id)
-    metrics = RecoveryMetrics(MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("test"))
-    async with Worker(temporal_env.client, task_queue=task_queue, workflows=[FleetBudgetWorkflow],
-                      activities=[budget_activities.find_closed_holders, write_audit,
-                                  TelemetryActivities(metrics).record_budget_in_use]):
-        async def all_returned() -> BudgetStatus | None:
-            status = await budget.query(FleetBudgetWorkflow.status)
-            return status if not status.holders else None
-
-        status = await wait_async(all_returned, 30, "the budget to take every lease back")
+    async with budget_alone(temporal_env.client, task_queue, policy, budget_id):
+        status = await wait_async(all_returned(budget), 30, "the budget to take every lease back")
         forgotten = await budget.query(FleetBudgetWorkflow.lease, requests[0].incident_id)
         failed = [event async for event in budget.fetch_history_events()
                   if event.HasField("workflow_task_failed_event_attributes")]
         await budget.cancel()
     assert status.holders == [] and forgotten is None and not failed, failed
+
+
+async def test_a_workflow_tasks_decisions_are_written_together_once_its_answers_are_out(temporal_env, audit_file):
+    """30 requests in the budget's first workflow task: its commands are the 30 answers and no
+    audit line, and each task's lines are written by one local activity. With a local activity per
+    line, a task waited for all of them before its answers went out: 5 to 13 s at N = 1,000."""
+    task_queue, budget_id = f"budget-{uuid.uuid4()}", f"fleet-budget-{uuid.uuid4().hex[:8]}"
+    policy = BudgetPolicy(max_nodes=2, max_disrupted_jobs=1000)
+    budget = await temporal_env.client.start_workflow(
+        FleetBudgetWorkflow.run, FleetBudgetInput(policy=policy), id=budget_id, task_queue=task_queue)
+    requests = [LeaseRequest(incident_id=f"gpu-{n}-incident", node=f"gpu-{n}", workflow_id=f"gone-{n}",
+                             run_id=str(uuid.uuid4()), partitions=[], running_jobs=0) for n in range(30)]
+    for req in requests:  # before the worker starts: all in the first workflow task
+        await budget.signal(FleetBudgetWorkflow.request_lease, req)
+    async with budget_alone(temporal_env.client, task_queue, policy, budget_id):
+        # The incidents are gone: each answer finds none, and its lease is reclaimed.
+        await wait_async(all_returned(budget, waiting_too=True), 30, "the budget to reclaim every lease")
+        timeline = await budget.query(FleetBudgetWorkflow.timeline)
+        history = [event async for event in budget.fetch_history_events()]
+        await budget.cancel()
+
+    tasks = workflow_tasks(history)
+    first_answers = next(commands for commands in tasks if any(
+        e.HasField("signal_external_workflow_execution_initiated_event_attributes") for e in commands))
+    assert sum(e.HasField("signal_external_workflow_execution_initiated_event_attributes")
+               for e in first_answers) == 30
+    assert not [name for name in local_activities(first_answers) if name.startswith("write_audit")]
+    per_task = [local_activities(commands).count("write_audit_lines") for commands in tasks]
+    assert max(per_task) == 1 and "write_audit" not in local_activities(history), per_task
+    ended = {e.incident_id for e in timeline if e.kind in (TimelineKind.RECLAIMED, TimelineKind.WITHDRAWN)}
+    assert ended == {req.incident_id for req in requests}
+    lines = [line for line in audit_lines(audit_file) if line["event_id"].startswith(budget_id)]
+    assert len(lines) == len(timeline) == len({line["event_id"] for line in lines})
+    assert [line["parameters"]["seq"] for line in lines] == [e.seq for e in timeline]
+
+
+@asynccontextmanager
+async def budget_alone(client: Client, task_queue: str, policy: BudgetPolicy, budget_id: str):
+    """A worker with the budget workflow and the activities it calls itself."""
+    budget_activities = BudgetActivities(client, policy, task_queue, workflow_id=budget_id)
+    metrics = RecoveryMetrics(MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("test"))
+    async with Worker(client, task_queue=task_queue, workflows=[FleetBudgetWorkflow],
+                      activities=[budget_activities.find_closed_holders, write_audit, write_audit_lines,
+                                  TelemetryActivities(metrics).record_budget_in_use]):
+        yield
+
+
+def all_returned(budget: WorkflowHandle, waiting_too: bool = False) -> Callable:
+    async def returned() -> BudgetStatus | None:
+        status = await budget.query(FleetBudgetWorkflow.status)
+        return status if not status.holders and not (waiting_too and status.waiting) else None
+    return returned
+
+
+def workflow_tasks(history: list) -> list[list]:
+    """The commands of each completed workflow task: the events after its completion, up to the
+    next task's scheduling."""
+    tasks, current = [], None
+    for event in history:
+        if event.HasField("workflow_task_completed_event_attributes"):
+            current = []
+            tasks.append(current)
+        elif event.HasField("workflow_task_scheduled_event_attributes"):
+            current = None
+        elif current is not None:
+            current.append(event)
+    return tasks
+
+
+def local_activities(events: list) -> list[str]:
+    """The activity type of each local activity's marker among the events."""
+    return [json.loads(e.marker_recorded_event_attributes.details["data"].payloads[0].data)["activity_type"]
+            for e in events if e.HasField("marker_recorded_event_attributes")
+            and e.marker_recorded_event_attributes.marker_name == "core_local_activity"]
