@@ -6,13 +6,14 @@ server, counted from its history: the same in every run, whatever else the machi
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timezone
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHandle
 
 from bench.table import median
+from starter.faults import local_activity_marker
 
 
 async def activity_timeline(handle: WorkflowHandle, since: datetime, until_activity: str,
@@ -32,31 +33,49 @@ def timeline(events: Iterable[HistoryEvent], since: datetime, until_activity: st
     Segments: "workflow task -> NAME" (from the end of the last activity completed before NAME
     was scheduled, or `since`, until NAME is scheduled: the workflow tasks in between; activities
     scheduled together each count from that same end), "NAME in the task queue" (scheduled to started, as
-    the server saw it), "NAME at the worker" (started to completed: a busy worker shows here)."""
+    the server saw it), "NAME at the worker" (started to completed: a busy worker shows here).
+    A local activity has one: "NAME, local activity" (from the last end before it completed to its
+    completion, as the worker recorded it: any workflow task in between, then its run)."""
     scheduled: dict[int, tuple[str, datetime, datetime]] = {}  # name, scheduled at, the previous end then
     started: dict[int, datetime] = {}
     segments: list[tuple[str, float]] = []
+    ends = [since]
     previous_end, seen = since, 0
     for event in events:
         at = event.event_time.ToDatetime().replace(tzinfo=since.tzinfo)
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+        local = local_activity_marker(event)
+        completed = None
+        if local is not None:
+            completed, done = local["activity_type"], _timestamp(local["complete_time"])
+            segments.append((f"{completed}, local activity",
+                             (done - max(end for end in ends if end <= done)).total_seconds()))
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             name = event.activity_task_scheduled_event_attributes.activity_type.name
             scheduled[event.event_id] = (name, at, previous_end)
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
             started[event.activity_task_started_event_attributes.scheduled_event_id] = at
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             scheduled_id = event.activity_task_completed_event_attributes.scheduled_event_id
-            name, scheduled_at, end_before = scheduled[scheduled_id]
+            completed, scheduled_at, end_before = scheduled[scheduled_id]
             started_at = started.get(scheduled_id, scheduled_at)
-            segments += [(f"workflow task -> {name}", (scheduled_at - end_before).total_seconds()),
-                         (f"{name} in the task queue", (started_at - scheduled_at).total_seconds()),
-                         (f"{name} at the worker", (at - started_at).total_seconds())]
-            previous_end = max(previous_end, at)
-            if name == until_activity:
-                seen += 1
-                if seen == occurrences:
-                    break
+            segments += [(f"workflow task -> {completed}", (scheduled_at - end_before).total_seconds()),
+                         (f"{completed} in the task queue", (started_at - scheduled_at).total_seconds()),
+                         (f"{completed} at the worker", (at - started_at).total_seconds())]
+            done = at
+        if completed is None:
+            continue
+        ends.append(done)
+        previous_end = max(previous_end, done)
+        if completed == until_activity:
+            seen += 1
+            if seen == occurrences:
+                break
     return segments
+
+
+def _timestamp(value: dict) -> datetime:
+    """A protobuf Timestamp as core's marker data writes it in JSON."""
+    return datetime.fromtimestamp(value["seconds"] + value.get("nanos", 0) / 1e9, tz=timezone.utc)
 
 
 # What the server does for an incident, by the history events that record it.

@@ -97,13 +97,23 @@ def _event_point(event: HistoryEvent, activity_type: str, scheduled: set[int]) -
     elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
         if event.activity_task_completed_event_attributes.scheduled_event_id in scheduled:
             return "completed"
-    elif event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
-        # A local activity (classify_fault) has no other events: its marker says it completed.
-        marker = event.marker_recorded_event_attributes
-        data = marker.details["data"].payloads if marker.marker_name == "core_local_activity" else []
-        if data and json.loads(data[0].data).get("activity_type") == activity_type:
+    else:
+        # A local activity (the fence's, since fence-in-one-task) has no other events: its marker,
+        # written with its workflow task, says it completed.
+        marker = local_activity_marker(event)
+        if marker is not None and marker.get("activity_type") == activity_type:
             return "completed"
     return None
+
+
+def local_activity_marker(event: HistoryEvent) -> dict | None:
+    """What Temporal's core records of a local activity in its marker (activity_type,
+    complete_time, attempt, ...), if the event is one."""
+    if event.event_type != EventType.EVENT_TYPE_MARKER_RECORDED:
+        return None
+    marker = event.marker_recorded_event_attributes
+    data = marker.details["data"].payloads if marker.marker_name == "core_local_activity" else []
+    return json.loads(data[0].data) if data else None
 
 
 async def activity_starts(handle: WorkflowHandle, activity_type: str) -> list:

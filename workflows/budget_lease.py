@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.budget import BudgetActivities
     from contracts.budget import LeaseRelease, LeaseRequest, LeaseState, LeaseStatus, PartitionShare, QuarantineStatus
     from contracts.models import OperatorDecision
+    from workflows.call_options import failing_as_activity
     from workflows.fleet_budget import LEASE_STATE_SIGNAL, FleetBudgetWorkflow
 
 __all__ = ["BudgetLease", "LEASE_STATE_SIGNAL", "check_quarantine"]
@@ -34,7 +35,9 @@ BUDGET_CALL = dict(
     retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)),
 )
 # Requests are idempotent, so the incident asks again rather than trust that nothing was lost: a
-# budget that was terminated or reset learns of the request anew.
+# budget that was terminated or reset learns of the request anew. Each wait for an answer is twice
+# the one before (up to ASK_AGAIN_WHILE_WAITING): a budget slow to answer is a busy one, and asking
+# it again adds to its work (at 1,000 incidents at once, a fixed minute made most of them ask twice).
 ANSWER_WITHIN = timedelta(minutes=1)
 ASK_AGAIN_WHILE_WAITING = timedelta(minutes=10)
 
@@ -45,6 +48,7 @@ class BudgetLease:
     def __init__(self) -> None:
         self.state: LeaseState | None = None
         self._request: LeaseRequest | None = None
+        self._in_task = False
 
     @property
     def granted(self) -> bool:
@@ -60,8 +64,11 @@ class BudgetLease:
             self._keep_newest(state)
 
     async def request(self, incident_id: str, node: str, partitions: list[PartitionShare],
-                      running_jobs: int) -> LeaseState:
-        """Ask for the lease; the budget's answer comes within moments: granted, or waiting and why."""
+                      running_jobs: int, in_task: bool = False) -> LeaseState:
+        """Ask for the lease; the budget's answer comes within moments: granted, or waiting and why.
+        `in_task`: ask by local activities, within the workflow task (NodeRecoveryWorkflow's
+        FENCE_IN_ONE_TASK), this time and every time after."""
+        self._in_task = in_task
         info = workflow.info()
         self._request = LeaseRequest(incident_id=incident_id, node=node, workflow_id=info.workflow_id,
                                      run_id=info.run_id, partitions=partitions, running_jobs=running_jobs)
@@ -110,14 +117,18 @@ class BudgetLease:
             try:
                 await workflow.wait_condition(done, timeout=every)
             except TimeoutError:
+                every = min(every * 2, ASK_AGAIN_WHILE_WAITING)
                 await self._send_request()
 
     async def _send_request(self) -> None:
         assert self._request is not None
-        await workflow.execute_activity_method(
-            BudgetActivities.request_lease, self._request,
-            summary=f"Ask the fleet budget to put {self._request.node} under remediation", **BUDGET_CALL,
-        )
+        summary = f"Ask the fleet budget to put {self._request.node} under remediation"
+        if self._in_task:
+            await failing_as_activity("request_lease", workflow.execute_local_activity_method(
+                BudgetActivities.request_lease, self._request, summary=summary, **BUDGET_CALL))
+        else:
+            await workflow.execute_activity_method(BudgetActivities.request_lease, self._request, summary=summary,
+                                                   **BUDGET_CALL)
 
     def _keep_newest(self, state: LeaseState) -> None:
         # Answers to repeated requests repeat the state they had: keep only a newer one, or the

@@ -1,10 +1,16 @@
-"""How workflows call activities that talk to Slurm: time-outs and retries, in one place."""
+"""How workflows call activities that talk to Slurm: time-outs and retries, in one place; and a
+local activity's final failure raised as an activity's is."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from datetime import timedelta
+from typing import TypeVar
 
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, CancelledError, FailureError
+
+T = TypeVar("T")
 
 # Slurm calls: retried with backoff for up to ten minutes (a restarting slurmctld, a busy
 # slurmrestd); a node or job that does not exist is final.
@@ -52,3 +58,16 @@ K8S_REPLACEMENT = dict(
     heartbeat_timeout=K8S_HEARTBEAT,
     retry_policy=K8S_RETRY,
 )
+
+
+async def failing_as_activity(name: str, call: Awaitable[T]) -> T:
+    """The local activity's result. Its final failure is raised as ActivityError, as an
+    activity's is: Temporal's core raises a local activity's bare (an ApplicationError), and the
+    steps handle one kind."""
+    try:
+        return await call
+    except (ActivityError, CancelledError):
+        raise
+    except FailureError as err:
+        raise ActivityError(f"local activity {name} failed", scheduled_event_id=0, started_event_id=0, identity="",
+                            activity_type=name, activity_id="", retry_state=None) from err

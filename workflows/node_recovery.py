@@ -79,6 +79,7 @@ with workflow.unsafe.imports_passed_through():
         K8S_RETRY,
         SLURM_CALL,
         SLURM_RETRY,
+        failing_as_activity,
     )
     from workflows.audit_trail import AuditTrail
     from workflows.budget_lease import LEASE_STATE_SIGNAL, BUDGET_CALL, BudgetLease
@@ -98,6 +99,11 @@ FEWER_ROUND_TRIPS = "fewer-round-trips"
 SPARE_CLAIM_LOCK = "spare-claim-lock"
 # Runs that start on this code take the quarantined spares from the lease's answer, not a query.
 LEMONS_FROM_LEASE = "lemons-from-lease"
+# Runs that start on this code fence the node in their first workflow task: the drain, the read of
+# its jobs and partitions and the lease request are local activities, as are the signals in the
+# task that hears the lease granted. Each was a round trip through the server (a workflow task, a
+# task-queue dispatch, three history events) before the first signal; runs begun before keep them.
+FENCE_IN_ONE_TASK = "fence-in-one-task"
 # A spare another incident is claiming is tried again after its claim ends: every so often, a few times.
 CLAIM_BUSY_WAIT = timedelta(seconds=1)
 CLAIM_BUSY_PASSES = 10
@@ -132,6 +138,7 @@ class NodeRecoveryWorkflow:
         self._audit = AuditTrail()
         self._notify_enabled = False
         self._fewer_round_trips = False
+        self._fence_in_one_task = False
 
     @workflow.signal
     def alert(self, alert: NodeFailureAlert) -> None:
@@ -269,7 +276,8 @@ class NodeRecoveryWorkflow:
         answers (no deadline). Returns an operator's denial, or None once the lease is held.
         `partitions`: the node's partitions being read already, or None to read them now."""
         shares = await (partitions if partitions is not None else self._read_partitions(node))
-        lease = await self._lease.request(self._incident_id, node, shares, running_jobs=len(jobs))
+        lease = await self._lease.request(self._incident_id, node, shares, running_jobs=len(jobs),
+                                          in_task=self._fence_in_one_task)
         if lease.waiting:
             self._note(f"over budget, waiting drained with nothing killed: {lease.reason}")
             await self._ask("budget", f"put {node} under remediation although the fleet disruption budget is "
@@ -289,10 +297,20 @@ class NodeRecoveryWorkflow:
         return None
 
     def _read_partitions(self, node: str) -> Awaitable[list[PartitionShare]]:
-        return workflow.start_activity_method(
-            FencingActivities.partition_shares, node, summary=f"Read {node}'s Slurm partitions and their sizes",
-            **SLURM_CALL,
-        )
+        return self._fence_call(FencingActivities.partition_shares, node,
+                                f"Read {node}'s Slurm partitions and their sizes", at_once=True)
+
+    def _fence_call(self, activity: Callable[..., Awaitable[T]], arg: object, summary: str,
+                    at_once: bool = False) -> Awaitable[T]:
+        """A Slurm call of the fence, up to the first signal: a local activity in runs since
+        FENCE_IN_ONE_TASK (it runs within the workflow task, and a worker that dies mid-task
+        leaves the next one to run it again: each is idempotent), an activity in runs before.
+        Scheduled when awaited, or `at_once` (to run alongside what follows)."""
+        if self._fence_in_one_task:
+            call = workflow.start_local_activity_method if at_once else workflow.execute_local_activity_method
+            return failing_as_activity(activity.__name__, call(activity, arg, summary=summary, **SLURM_CALL))
+        call = workflow.start_activity_method if at_once else workflow.execute_activity_method
+        return call(activity, arg, summary=summary, **SLURM_CALL)
 
     async def _notify(self, kind: NotificationKind, summary: str) -> None:
         """Hands a notification to its own workflow and goes on (delivery never holds up a recovery)."""
@@ -343,9 +361,14 @@ class NodeRecoveryWorkflow:
     async def _handle(self, req: RecoveryRequest) -> IncidentReport:
         # Before the incident's first command, where the two paths part.
         self._fewer_round_trips = workflow.patched(FEWER_ROUND_TRIPS)
+        self._fence_in_one_task = workflow.patched(FENCE_IN_ONE_TASK)
         self._node = req.node
         self._alerts = [a for a in self._alerts if a.node == req.node]
-        self._incident_id = f"{req.node}-{workflow.now():%Y%m%dT%H%M%SZ}"
+        # The fence's local activities carry the incident id to Slurm before the first workflow task
+        # is recorded: a worker that dies in that task leaves the next to run it again, at a later
+        # now(). The run's start time is the same in every attempt; runs begun before keep now().
+        opened = workflow.info().workflow_start_time if self._fence_in_one_task else workflow.now()
+        self._incident_id = f"{req.node}-{opened:%Y%m%dT%H%M%SZ}"
         await workflow.wait_condition(lambda: bool(self._alerts))
         first = self._alerts[0]
         policy = req.policy
@@ -403,9 +426,9 @@ class NodeRecoveryWorkflow:
         takes_lease = policy.fleet_budget and not policy.dry_run
         # The budget needs the node's partitions: read (a read only) with its jobs, not after them.
         partitions = self._read_partitions(req.node) if takes_lease and self._fewer_round_trips else None
-        jobs = self._jobs = await self._step("find_jobs", workflow.execute_activity_method(
-            JobActivities.find_jobs, req.node, summary=f"Find the jobs running on {req.node}", **SLURM_CALL,
-        ))
+        jobs = self._jobs = await self._step("find_jobs", self._fence_call(
+            JobActivities.find_jobs, req.node, f"Find the jobs running on {req.node}",
+        ), index_now=not self._fence_in_one_task)
         self._note(", ".join(str(j.job.job_id) for j in jobs) or "no jobs")
         self._index([sa.JOB_IDS.value_set([str(j.job.job_id) for j in jobs]),
                      sa.PEER_NODES.value_set(self._peer_nodes())], now=False)
@@ -417,7 +440,7 @@ class NodeRecoveryWorkflow:
                 return self._finish(first, action, f"denied: over budget ({denied.actor}: {denied.reason}); "
                                     "node stays drained, jobs left running", [], None)
 
-        await self._step("signal", self._signal_jobs(jobs, ctx))
+        await self._step("signal", self._signal_jobs(jobs, ctx), index_now=not self._fence_in_one_task)
         if policy.dry_run:
             self._skip("grace", "dry-run: no job was signalled, no checkpoint to wait for")
         elif cls.fault_class == FaultClass.DEGRADING and policy.degrading_grace_seconds > 0:
@@ -634,10 +657,10 @@ class NodeRecoveryWorkflow:
     async def _drain(self, req: RecoveryRequest, ctx: ActionContext) -> NodeFenceResult:
         await self._notify(NotificationKind.INCIDENT_OPENED,
                            f"XID {ctx.xid} {ctx.mnemonic} on {req.node} ({ctx.reason}): draining the node")
-        fence = await self._step("drain", workflow.execute_activity_method(
+        fence = await self._step("drain", self._fence_call(
             FencingActivities.drain_node, NodeRequest(node=req.node, ctx=ctx),
-            summary=f"Drain {req.node} in Slurm: no new work lands on it", **SLURM_CALL,
-        ))
+            f"Drain {req.node} in Slurm: no new work lands on it",
+        ), index_now=not self._fence_in_one_task)
         self._actions.append(fence.action)
         self._note(fence.action.detail)
         return fence
@@ -682,9 +705,9 @@ class NodeRecoveryWorkflow:
 
     async def _signal_job(self, snap: JobSnapshot, ctx: ActionContext) -> ActionRecord | None:
         try:
-            return await workflow.execute_activity_method(
+            return await self._fence_call(
                 JobActivities.signal_job, SignalRequest(job_id=snap.job.job_id, signal="USR1", ctx=ctx),
-                summary=f"SIGUSR1 to job {snap.job.job_id}: checkpoint now if you can", **SLURM_CALL,
+                f"SIGUSR1 to job {snap.job.job_id}: checkpoint now if you can",
             )
         except ActivityError as e:
             # A job that ended meanwhile cannot be signalled; requeue and verify will say so.

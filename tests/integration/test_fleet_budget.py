@@ -46,6 +46,7 @@ from activities.budget import BudgetActivities, fleet_budget_status, release_qua
 from activities.notify import NotifyActivities
 from activities.telemetry import TelemetryActivities
 from observability.metrics import RecoveryMetrics
+from starter.faults import local_activity_marker
 from starter.localstack import wait_async
 from tests.integration.test_telemetry import points
 from contracts.audit import configure_sink, remove_sink
@@ -413,6 +414,26 @@ async def test_a_request_repeated_after_a_crash_gets_the_same_lease(time_skippin
     assert {(s.version, s.granted_at) for s in first.heard if s.granted} == {(first.held.version, first.held.granted_at)}
 
 
+async def test_a_request_left_unanswered_is_asked_again_after_twice_the_wait_each_time(time_skipping_env):
+    """A budget slow to answer is a busy one: the incident asks again after 1, 2, then 4 minutes,
+    not every minute (1,000 incidents at once asked twice, and each ask is more work for it)."""
+    asked: list[datetime] = []
+
+    def lost_three_times(budget: BudgetActivities):
+        @activity.defn(name="request_lease")
+        async def request_lease(req: LeaseRequest) -> None:
+            asked.append(activity.info().scheduled_time)
+            if len(asked) > 3:
+                await budget.request_lease(req)
+        return request_lease
+
+    async with fleet(time_skipping_env, BudgetPolicy(max_nodes=1), request_lease=lost_three_times) as f:
+        result = await f.incident(f.plan(1, hold_seconds=1))
+
+    assert result.answer.granted
+    assert [round((later - earlier).total_seconds() / 60, 1) for earlier, later in zip(asked, asked[1:])] == [1, 2, 4]
+
+
 # --- lemons -----------------------------------------------------------------------------------
 
 
@@ -661,6 +682,4 @@ def workflow_tasks(history: list) -> list[list]:
 
 def local_activities(events: list) -> list[str]:
     """The activity type of each local activity's marker among the events."""
-    return [json.loads(e.marker_recorded_event_attributes.details["data"].payloads[0].data)["activity_type"]
-            for e in events if e.HasField("marker_recorded_event_attributes")
-            and e.marker_recorded_event_attributes.marker_name == "core_local_activity"]
+    return [marker["activity_type"] for marker in map(local_activity_marker, events) if marker is not None]

@@ -29,6 +29,7 @@ from contracts.models import NodeFailureAlert, OperatorDecision
 from contracts.settings import Settings
 from starter.alerts import raise_alert
 from starter.drill import Drill, DrillOptions
+from starter.faults import local_activity_marker
 from starter.localstack import REPO, wait_async
 from tests.integration.conftest import stack_settings
 from worker import activities_for, build_slurm, build_worker
@@ -297,9 +298,10 @@ async def test_a_quarantined_spare_is_passed_over_with_the_lemons_the_lease_answ
         # From the lease's answer: the incident asked the budget nothing else (a query per
         # incident overflows the budget's query buffer in a storm).
         incident = temporal_env.client.get_workflow_handle(incident_workflow_id(report.node))
-        activities = [event.activity_task_scheduled_event_attributes.activity_type.name
-                      async for event in incident.fetch_history_events()
+        history = [event async for event in incident.fetch_history_events()]
+        activities = [event.activity_task_scheduled_event_attributes.activity_type.name for event in history
                       if event.HasField("activity_task_scheduled_event_attributes")]
+        activities += [marker["activity_type"] for marker in map(local_activity_marker, history) if marker is not None]
         assert "request_lease" in activities and "quarantined_among" not in activities, activities
 
         # The failed node was no lemon when its incident took the lease: its watcher looks at it

@@ -1,14 +1,16 @@
 """Where an incident's time goes and what it asks of the server, read from its history."""
 
+import json
 from datetime import datetime, timedelta, timezone
 
-from temporalio.api.common.v1 import ActivityType
+from temporalio.api.common.v1 import ActivityType, Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import (
     ActivityTaskCompletedEventAttributes,
     ActivityTaskScheduledEventAttributes,
     ActivityTaskStartedEventAttributes,
     HistoryEvent,
+    MarkerRecordedEventAttributes,
 )
 
 from bench.profile import history_counts, timeline
@@ -32,6 +34,15 @@ class History:
         return self.add(ms, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
                         activity_task_scheduled_event_attributes=ActivityTaskScheduledEventAttributes(
                             activity_type=ActivityType(name=name)))
+
+    def local(self, recorded_ms: float, name: str, completed_ms: float) -> None:
+        """A local activity's marker as core writes it, recorded with its workflow task."""
+        done = SINCE + timedelta(milliseconds=completed_ms)
+        data = {"seq": len(self.events), "attempt": 1, "activity_type": name,
+                "complete_time": {"seconds": int(done.timestamp()), "nanos": done.microsecond * 1000}}
+        marker = MarkerRecordedEventAttributes(marker_name="core_local_activity")
+        marker.details["data"].payloads.append(Payload(data=json.dumps(data).encode()))
+        self.add(recorded_ms, EventType.EVENT_TYPE_MARKER_RECORDED, marker_recorded_event_attributes=marker)
 
     def ran(self, started_ms: float, completed_ms: float, scheduled_id: int) -> None:
         self.add(started_ms, EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED,
@@ -99,3 +110,19 @@ def test_history_counts_each_kind_of_event():
     assert counts["workflow tasks"] == 2 and counts["activities"] == 1 and counts["signals received"] == 1
     assert counts["local activities and patches (markers)"] == 1 and counts["search attribute upserts"] == 1
     assert counts["timers"] == 0 and counts["child workflows"] == 0
+
+
+def test_local_activities_count_from_the_last_end_before_they_completed():
+    """The fence's local activities, in the first workflow task: drain, then the jobs and the
+    partitions read together (the later-recorded one ending first), then the lease asked; the
+    signal in the next task. Each counts from the last end before its own completion, none a
+    negative time, and the timeline stops at the signal."""
+    history = History()
+    for name, done_ms in (("drain_node", 35), ("partition_shares", 50), ("find_jobs", 49), ("request_lease", 60)):
+        history.local(100, name, done_ms)
+    history.local(160, "signal_job", 130)
+    history.ran(170, 180, history.scheduled(165, "requeue_job"))
+
+    assert [(name, round(s * 1000)) for name, s in timeline(history.events, SINCE, "signal_job")] == [
+        ("drain_node, local activity", 35), ("partition_shares, local activity", 15),
+        ("find_jobs, local activity", 14), ("request_lease, local activity", 10), ("signal_job, local activity", 70)]
