@@ -47,8 +47,10 @@ def timeline(events: Iterable[HistoryEvent], since: datetime, until_activity: st
         completed = None
         if local is not None:
             completed, done = local["activity_type"], _timestamp(local["complete_time"])
-            segments.append((f"{completed}, local activity",
-                             (done - max(end for end in ends if end <= done)).total_seconds()))
+            # One done before the clock started (the first task can finish before the alert's
+            # hand-over returns to its sender) counts nothing.
+            start = max((end for end in ends if end <= done), default=done)
+            segments.append((f"{completed}, local activity", (done - start).total_seconds()))
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             name = event.activity_task_scheduled_event_attributes.activity_type.name
             scheduled[event.event_id] = (name, at, previous_end)

@@ -90,6 +90,11 @@ async def bench_stack(slurmd_timeout: int | None) -> AsyncIterator[BenchStack]:
     say(f"bench stack in {stack.state_dir} (Temporal 127.0.0.1:{stack.temporal_port}, Slurm ports from "
         f"{stack.slurm_port_base}); already running: {[k for k, v in was_running.items() if v] or 'nothing'}")
     env = original_timeout = None
+    if not was_running["temporal"]:
+        # A fresh fleet budget for every run: one that remembers the last run's disrupted jobs
+        # (their window is an hour) would hold this run's incidents back over budget.
+        for name in ("temporal.db", "temporal.db-wal", "temporal.db-shm"):
+            (stack.state_dir / name).unlink(missing_ok=True)
     try:
         await asyncio.to_thread(stack.start_temporal)
         cluster = await asyncio.to_thread(stack.start_slurm)

@@ -126,3 +126,12 @@ def test_local_activities_count_from_the_last_end_before_they_completed():
     assert [(name, round(s * 1000)) for name, s in timeline(history.events, SINCE, "signal_job")] == [
         ("drain_node, local activity", 35), ("partition_shares, local activity", 15),
         ("find_jobs, local activity", 14), ("request_lease, local activity", 10), ("signal_job, local activity", 70)]
+
+
+def test_a_local_activity_done_before_the_clock_started_counts_nothing():
+    history = History()
+    history.local(5, "classify_fault", -2)
+    history.local(5, "drain_node", 30)
+
+    assert [(name, round(s * 1000)) for name, s in timeline(history.events, SINCE, "drain_node")] == [
+        ("classify_fault, local activity", 0), ("drain_node, local activity", 30)]
