@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import TypeVar
 
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, CancelledError, FailureError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
 
 T = TypeVar("T")
 
@@ -24,6 +24,18 @@ SLURM_CALL = dict(
     start_to_close_timeout=timedelta(seconds=30),
     schedule_to_close_timeout=timedelta(minutes=10),
     retry_policy=SLURM_RETRY,
+)
+# A Slurm call tried first as a local activity, within the workflow task: three attempts over
+# about 3 s; then (NodeRecoveryWorkflow._locally_first) as an activity with SLURM_CALL. Counted in
+# attempts, not time: a local activity's deadline is kept by the worker, not the server.
+SLURM_QUICK_TRY = dict(
+    start_to_close_timeout=timedelta(seconds=30),
+    retry_policy=RetryPolicy(
+        initial_interval=SLURM_RETRY.initial_interval,
+        backoff_coefficient=SLURM_RETRY.backoff_coefficient,
+        maximum_attempts=3,
+        non_retryable_error_types=SLURM_RETRY.non_retryable_error_types,
+    ),
 )
 # Long polls heartbeat; a worker that dies mid-poll is noticed within this timeout.
 HEARTBEAT = timedelta(seconds=5)
@@ -71,3 +83,10 @@ async def failing_as_activity(name: str, call: Awaitable[T]) -> T:
     except FailureError as err:
         raise ActivityError(f"local activity {name} failed", scheduled_event_id=0, started_event_id=0, identity="",
                             activity_type=name, activity_id="", retry_state=None) from err
+
+
+def failed_for_good(err: ActivityError, retry: RetryPolicy) -> bool:
+    """Whether the failure is one that `retry` would not try again: another attempt fails alike."""
+    cause = err.cause
+    return isinstance(cause, ApplicationError) and (cause.non_retryable
+                                                    or cause.type in retry.non_retryable_error_types)

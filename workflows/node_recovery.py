@@ -78,7 +78,9 @@ with workflow.unsafe.imports_passed_through():
         K8S_REPLACEMENT,
         K8S_RETRY,
         SLURM_CALL,
+        SLURM_QUICK_TRY,
         SLURM_RETRY,
+        failed_for_good,
         failing_as_activity,
     )
     from workflows.audit_trail import AuditTrail
@@ -302,15 +304,31 @@ class NodeRecoveryWorkflow:
 
     def _fence_call(self, activity: Callable[..., Awaitable[T]], arg: object, summary: str,
                     at_once: bool = False) -> Awaitable[T]:
-        """A Slurm call of the fence, up to the first signal: a local activity in runs since
-        FENCE_IN_ONE_TASK (it runs within the workflow task, and a worker that dies mid-task
-        leaves the next one to run it again: each is idempotent), an activity in runs before.
-        Scheduled when awaited, or `at_once` (to run alongside what follows)."""
-        if self._fence_in_one_task:
-            call = workflow.start_local_activity_method if at_once else workflow.execute_local_activity_method
-            return failing_as_activity(activity.__name__, call(activity, arg, summary=summary, **SLURM_CALL))
-        call = workflow.start_activity_method if at_once else workflow.execute_activity_method
-        return call(activity, arg, summary=summary, **SLURM_CALL)
+        """A Slurm call of the fence, up to the first signal: tried first as a local activity in
+        runs since FENCE_IN_ONE_TASK (see _locally_first), an activity in runs before. Scheduled
+        when awaited, or `at_once` (to run alongside what follows)."""
+        if not self._fence_in_one_task:
+            call = workflow.start_activity_method if at_once else workflow.execute_activity_method
+            return call(activity, arg, summary=summary, **SLURM_CALL)
+        tried = (workflow.start_local_activity_method(activity, arg, summary=summary, **SLURM_QUICK_TRY)
+                 if at_once else None)
+        work = self._locally_first(activity, arg, summary, tried)
+        return asyncio.ensure_future(work) if at_once else work
+
+    async def _locally_first(self, activity: Callable[..., Awaitable[T]], arg: object, summary: str,
+                             tried: Awaitable[T] | None) -> T:
+        """The call as a local activity, within the workflow task (a worker that dies mid-task
+        leaves the next one to run it again: each is idempotent), as often as SLURM_QUICK_TRY
+        allows. Still failing then (Slurm down or refusing), the call is made again as an
+        activity, with SLURM_CALL's ten minutes of retries timed by the server; a failure for good
+        (a node Slurm does not know) is not tried again."""
+        try:
+            return await failing_as_activity(activity.__name__, tried or workflow.execute_local_activity_method(
+                activity, arg, summary=summary, **SLURM_QUICK_TRY))
+        except ActivityError as err:
+            if failed_for_good(err, SLURM_RETRY):
+                raise
+        return await workflow.execute_activity_method(activity, arg, summary=summary, **SLURM_CALL)
 
     async def _notify(self, kind: NotificationKind, summary: str) -> None:
         """Hands a notification to its own workflow and goes on (delivery never holds up a recovery)."""
