@@ -39,8 +39,7 @@ def timeline(events: Iterable[HistoryEvent], since: datetime, until_activity: st
     scheduled: dict[int, tuple[str, datetime, datetime]] = {}  # name, scheduled at, the previous end then
     started: dict[int, datetime] = {}
     segments: list[tuple[str, float]] = []
-    ends = [since]
-    previous_end, seen = since, 0
+    ends, seen = [since], 0  # every activity's end so far
     for event in events:
         at = event.event_time.ToDatetime().replace(tzinfo=since.tzinfo)
         local = local_activity_marker(event)
@@ -53,7 +52,7 @@ def timeline(events: Iterable[HistoryEvent], since: datetime, until_activity: st
             segments.append((f"{completed}, local activity", (done - start).total_seconds()))
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             name = event.activity_task_scheduled_event_attributes.activity_type.name
-            scheduled[event.event_id] = (name, at, previous_end)
+            scheduled[event.event_id] = (name, at, max(ends))
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
             started[event.activity_task_started_event_attributes.scheduled_event_id] = at
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
@@ -67,7 +66,6 @@ def timeline(events: Iterable[HistoryEvent], since: datetime, until_activity: st
         if completed is None:
             continue
         ends.append(done)
-        previous_end = max(previous_end, done)
         if completed == until_activity:
             seen += 1
             if seen == occurrences:

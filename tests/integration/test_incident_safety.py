@@ -29,9 +29,9 @@ from contracts.models import NodeFailureAlert, OperatorDecision
 from contracts.settings import Settings
 from starter.alerts import raise_alert
 from starter.drill import Drill, DrillOptions
-from starter.faults import local_activity_marker
 from starter.localstack import REPO, wait_async
 from tests.integration.conftest import stack_settings
+from tests.integration.test_fleet_budget import local_activities
 from worker import activities_for, build_slurm, build_worker
 from workflows.fleet_budget import FleetBudgetWorkflow, fleet_budget_workflow_id
 from workflows.node_recovery import NodeRecoveryWorkflow, incident_workflow_id
@@ -301,7 +301,7 @@ async def test_a_quarantined_spare_is_passed_over_with_the_lemons_the_lease_answ
         history = [event async for event in incident.fetch_history_events()]
         activities = [event.activity_task_scheduled_event_attributes.activity_type.name for event in history
                       if event.HasField("activity_task_scheduled_event_attributes")]
-        activities += [marker["activity_type"] for marker in map(local_activity_marker, history) if marker is not None]
+        activities += local_activities(history)
         assert "request_lease" in activities and "quarantined_among" not in activities, activities
 
         # The failed node was no lemon when its incident took the lease: its watcher looks at it
