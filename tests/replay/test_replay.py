@@ -5,7 +5,9 @@ code. A change that would make a running incident's next workflow task diverge f
 worker with that change meets the incidents in flight.
 
 The histories are replayed by Temporal's own Replayer with the project's pydantic data converter
-and every workflow class the worker registers (found in the workflows package)."""
+and every workflow class the worker registers (found in the workflows package), in Temporal's full
+sandbox: the worker passes the project's modules through it (worker.WORKFLOW_RUNNER), so this is
+where a forbidden call in workflow code (datetime.now(), random, I/O) is caught."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
 import workflows
-from tests.replay.variants import NodeRecoveryWithAnExtraStep, NodeRecoveryWithAPatchedStep
+from tests.replay.variants import NodeRecoveryReadingTheClock, NodeRecoveryWithAnExtraStep, NodeRecoveryWithAPatchedStep
 from workflows.node_recovery import NodeRecoveryWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -96,6 +98,14 @@ async def test_an_unpatched_change_fails_the_replay():
         await replayer.replay_workflow(load(path))
     # The same history replays on the real class: the failure is the change's, not the fixture's.
     await Replayer(workflows=[NodeRecoveryWorkflow], data_converter=pydantic_data_converter).replay_workflow(load(path))
+
+
+async def test_a_forbidden_call_in_workflow_code_fails_the_replay():
+    path = HISTORIES / "xid79-fatal.NodeRecoveryWorkflow.json"
+    replayer = Replayer(workflows=[NodeRecoveryReadingTheClock], data_converter=pydantic_data_converter)
+    # The replayer reports the workflow task's failure, the sandbox's RestrictedWorkflowAccessError.
+    with pytest.raises(RuntimeError, match="Cannot access datetime.datetime.now.*RestrictedWorkflowAccessError"):
+        await replayer.replay_workflow(load(path))
 
 
 async def test_the_same_change_behind_a_patch_replays():

@@ -4,7 +4,7 @@ workflow sandbox re-imports a workflow's module, and passes the project's module
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 
@@ -33,4 +33,14 @@ class NodeRecoveryWithAPatchedStep(NodeRecoveryWorkflow):
         if workflow.patched("record-incident-opened"):
             await workflow.execute_activity("record_incident_opened", req.node,
                                             start_to_close_timeout=timedelta(seconds=10))
+        return await super().run(req)
+
+
+@workflow.defn(name="NodeRecoveryWorkflow")
+class NodeRecoveryReadingTheClock(NodeRecoveryWorkflow):
+    """A forbidden call in workflow code: the machine's clock instead of workflow.now()."""
+
+    @workflow.run
+    async def run(self, req: RecoveryRequest) -> IncidentReport:
+        workflow.logger.info("opened at %s", datetime.now())
         return await super().run(req)
