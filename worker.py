@@ -11,7 +11,8 @@ import logging
 import os
 import signal
 import sys
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -182,6 +183,18 @@ def kubernetes_activities(settings: KubernetesSettings, slurm: SlurmClient, reso
 WORKFLOW_CACHE_SIZE = 5000
 
 
+@asynccontextmanager
+async def serving(client: Client, settings: Settings, activities: list, **options) -> AsyncIterator[Worker]:
+    """The worker polling its task queue, and the fleet budget running with this worker's policy
+    (a larger K admits waiting incidents at once; a budget already running answers the first
+    incident's lease request in its reply, not by signal)."""
+    async with build_worker(client, settings.task_queue, activities, **options) as worker:
+        if settings.fleet_budget:
+            await ensure_fleet_budget(client, settings.budget_policy(), settings.task_queue,
+                                      workflow_id=fleet_budget_workflow_id(settings.task_queue))
+        yield worker
+
+
 # Temporal's sandbox imports a workflow's modules anew for every run, so that runs share no
 # module state. This project's workflow modules hold constants only, and the fresh import took
 # 45-80 ms between a new incident's first workflow task reaching the worker and its first step
@@ -235,13 +248,9 @@ async def main() -> None:
             stack.callback(remove_sink, configure_sink(settings.audit_log))
         slurm = await build_slurm(settings, stack)
         kubernetes = KubernetesSettings() if settings.k8s_enabled else None
-        async with build_worker(client, settings.task_queue,
-                                activities_for(settings, slurm, client, kubernetes=kubernetes, resources=stack),
-                                **telemetry.worker_options()):
-            # The running budget takes this worker's policy (a larger K admits waiting incidents at once).
-            if settings.fleet_budget:
-                await ensure_fleet_budget(client, settings.budget_policy(), settings.task_queue,
-                                          workflow_id=fleet_budget_workflow_id(settings.task_queue))
+        async with serving(client, settings,
+                           activities_for(settings, slurm, client, kubernetes=kubernetes, resources=stack),
+                           **telemetry.worker_options()):
             log.info("worker polling %s on %s/%s", settings.task_queue, settings.temporal_address,
                      settings.temporal_namespace)
             await stop.wait()

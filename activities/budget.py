@@ -1,9 +1,10 @@
 """The activities and client calls around FleetBudgetWorkflow, through the Temporal client.
 
-Activities (registered on the worker): `request_lease` (signal-with-start: the budget starts with
-the first request of the namespace), `check_quarantine` (before a node returns to service),
-`quarantined_among` (spares the incident must not claim, when no lease answer told it) and `find_closed_holders` (for the
-budget's lease expiry).
+Activities (registered on the worker): `request_lease` (an update, or signal-with-start when no
+budget runs or Temporal refuses the update: the budget starts with the first request),
+`check_quarantine` (before a node returns to service), `quarantined_among` (spares the incident
+must not claim, when no lease answer told it) and `find_closed_holders` (for the budget's lease
+expiry).
 
 Client calls (for the worker and the CLI): ensure_fleet_budget() at worker start-up, so that the
 running budget has the configured policy; release_quarantine() for
@@ -15,7 +16,13 @@ from __future__ import annotations
 import asyncio
 
 from temporalio import activity
-from temporalio.client import Client, WithStartWorkflowOperation, WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowExecutionStatus,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import FailureError
 from temporalio.service import RPCError, RPCStatusCode
@@ -26,6 +33,7 @@ from contracts.budget import (
     FleetBudgetInput,
     HolderRef,
     LeaseRequest,
+    LeaseState,
     QuarantineRelease,
     QuarantineStatus,
 )
@@ -33,7 +41,18 @@ from workflows.fleet_budget import FIND_CLOSED_HOLDERS, FLEET_BUDGET_WORKFLOW_ID
 
 # Describe calls in flight at once while checking holders: a storm's hundred waiters, politely.
 DESCRIBE_CONCURRENCY = 8
+# Lease requests this worker sends as updates at once; the rest go as signals at once. Temporal
+# admits 10 updates in flight per workflow, and its client retries a refused one for seconds
+# before giving up: under a storm, a request must not wait for that. Half of the 10 leaves room
+# for a second worker and for the operators' updates (set_policy, release_quarantine).
+LEASE_UPDATES_IN_FLIGHT = 5
 BUDGET_SUMMARY = "Fleet disruption budget and lemon list"
+
+
+def _starting_budget(workflow_id: str, task_queue: str) -> dict:
+    """The options of a call that starts the budget when none is running, and reaches it when one is."""
+    return dict(id=workflow_id, task_queue=task_queue, static_summary=BUDGET_SUMMARY,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)
 
 
 class BudgetActivities:
@@ -43,16 +62,29 @@ class BudgetActivities:
         self._policy = policy
         self._task_queue = task_queue
         self._workflow_id = workflow_id
+        self._lease_updates = asyncio.Semaphore(LEASE_UPDATES_IN_FLIGHT)
 
     @activity.defn
-    async def request_lease(self, req: LeaseRequest) -> None:
-        """Hand the request to the budget, starting it if it is not running. The budget answers
-        the incident by signal."""
-        await self._client.start_workflow(
-            FleetBudgetWorkflow.run, FleetBudgetInput(policy=self._policy), id=self._workflow_id,
-            task_queue=self._task_queue, id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            start_signal="request_lease", start_signal_args=[req], static_summary=BUDGET_SUMMARY,
-        )
+    async def request_lease(self, req: LeaseRequest) -> LeaseState | None:
+        """Hand the request to the budget. Its answer: the update's reply; or None when the
+        request went as a signal-with-start, answered by signal: with no budget running (the
+        signal starts it), with LEASE_UPDATES_IN_FLIGHT updates of this worker's in flight
+        already, or when Temporal refused the update (too many in flight or in this run of the
+        budget, updates disabled, or the budget continuing as new). Every call is a request anew
+        (no update id kept): the budget's ledger makes repeats idempotent, and answers each with
+        the lease as it stands."""
+        if not self._lease_updates.locked():  # checked and taken with no await between: one event loop
+            async with self._lease_updates:
+                budget = self._client.get_workflow_handle_for(FleetBudgetWorkflow.run, self._workflow_id)
+                try:
+                    return await budget.execute_update(FleetBudgetWorkflow.ask_lease, req)
+                except (RPCError, WorkflowUpdateRPCTimeoutOrCancelledError) as err:
+                    activity.logger.info("lease request of %s sent by signal: the update was refused (%s)",
+                                         req.incident_id, err)
+        await self._client.start_workflow(FleetBudgetWorkflow.run, FleetBudgetInput(policy=self._policy),
+                                          **_starting_budget(self._workflow_id, self._task_queue),
+                                          start_signal="request_lease", start_signal_args=[req])
+        return None
 
     @activity.defn
     async def check_quarantine(self, node: str) -> QuarantineStatus:
@@ -93,10 +125,8 @@ class BudgetActivities:
 async def ensure_fleet_budget(client: Client, policy: BudgetPolicy, task_queue: str,
                               workflow_id: str = FLEET_BUDGET_WORKFLOW_ID) -> BudgetStatus:
     """Start the budget if it is not running, and give it this policy (idempotent)."""
-    start = WithStartWorkflowOperation(
-        FleetBudgetWorkflow.run, FleetBudgetInput(policy=policy), id=workflow_id, task_queue=task_queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, static_summary=BUDGET_SUMMARY,
-    )
+    start = WithStartWorkflowOperation(FleetBudgetWorkflow.run, FleetBudgetInput(policy=policy),
+                                       **_starting_budget(workflow_id, task_queue))
     return await client.execute_update_with_start_workflow(FleetBudgetWorkflow.set_policy, policy,
                                                            start_workflow_operation=start)
 

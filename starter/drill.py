@@ -39,7 +39,7 @@ from kubesim.simulators import NODESET
 from kubesim.slinky import GPU_RESOURCE, SLURMD_SELECTOR, SlinkyCluster, can_take_slurmd, is_ready
 from starter.alerts import raise_alert
 from starter.localstack import LocalStack, StackError, wait_async
-from worker import activities_for, build_slurm, build_worker
+from worker import activities_for, build_slurm, serving
 from workflows.node_recovery import NodeRecoveryWorkflow
 from trainer import checkpoint as ckpt
 
@@ -376,7 +376,7 @@ class SimulatedKubernetes:
         settings = self._worker_settings()
         slurm = await build_slurm(settings, self._resources)
         activities = activities_for(settings, slurm, drill.client, kubernetes=self.settings, resources=self._resources)
-        await self._resources.enter_async_context(build_worker(drill.client, self.task_queue, activities))
+        await self._resources.enter_async_context(serving(drill.client, settings, activities))
         drill._log(f"Slurm on Kubernetes: API server {self.server.url}, NodeSet {slinky.namespace}/{slinky.nodeset}, "
                    f"a slurmd pod for each of {', '.join(compute)}; worker on task queue {self.task_queue}")
 

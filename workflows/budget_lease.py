@@ -5,7 +5,8 @@ the node is a quarantined lemon. One lease per incident id.
 NodeRecoveryWorkflow holds a BudgetLease: `_take_lease` (phase `budget`) requests it after the
 drain and before the first destructive step, waits over budget as a gate that an operator may
 answer, and `run()` releases it in `finally`. ReturnToServiceWorkflow calls check_quarantine()
-before each look at the node. request() returns within moments (the budget answers by signal);
+before each look at the node. request() returns within moments (the budget answers in the
+request's reply, or by signal when Temporal refused the request as an update);
 wait_granted() is an ordinary wait_condition, so signals, updates and queries keep being handled
 for hours if need be, an abort cancels it, and a worker restart loses nothing.
 """
@@ -121,14 +122,18 @@ class BudgetLease:
                 await self._send_request()
 
     async def _send_request(self) -> None:
+        """Ask; the answer is the reply (kept at once, so that a lease granted outright is acted
+        on in this workflow task), or comes by signal when the request had to go as one."""
         assert self._request is not None
         summary = f"Ask the fleet budget to put {self._request.node} under remediation"
         if self._in_task:
-            await failing_as_activity("request_lease", workflow.execute_local_activity_method(
+            answer = await failing_as_activity("request_lease", workflow.execute_local_activity_method(
                 BudgetActivities.request_lease, self._request, summary=summary, **BUDGET_CALL))
         else:
-            await workflow.execute_activity_method(BudgetActivities.request_lease, self._request, summary=summary,
-                                                   **BUDGET_CALL)
+            answer = await workflow.execute_activity_method(BudgetActivities.request_lease, self._request,
+                                                            summary=summary, **BUDGET_CALL)
+        if answer is not None:
+            self.on_state(answer)
 
     def _keep_newest(self, state: LeaseState) -> None:
         # Answers to repeated requests repeat the state they had: keep only a newer one, or the

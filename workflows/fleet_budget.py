@@ -4,21 +4,28 @@ in workflows/budget_ledger.py, every side effect an activity. docs/safety.md has
 
 Protocol (the incident's side is workflows/budget_lease.py):
 
-- signal `request_lease(LeaseRequest)`, sent by the activity `request_lease` as signal-with-start
-  (the budget starts with the first request). Keyed by incident id: a repeated request changes
-  nothing and is answered again.
+- update `ask_lease(LeaseRequest) -> LeaseState`, sent by the activity `request_lease` as
+  update-with-start (the budget starts with the first request): the answer (granted, or waiting
+  and why) is the update's reply, so an incident granted at once signals its jobs within the same
+  workflow task.
+- signal `request_lease(LeaseRequest)`: the same request, sent by that activity as
+  signal-with-start when Temporal refuses the update (see below). Keyed by incident id: a
+  repeated request changes nothing and is answered again.
 - signal `fleet_budget_lease_state(LeaseState)` to the incident's run: the answer to every
-  request (granted, or waiting and why), and every later change (granted after waiting, expired).
+  request by signal, and every later change (granted after waiting, expired).
 - signal `release_lease(LeaseRelease)` from the incident (an external signal, no activity), at its
   end; withdraws a waiting request too. Idempotent.
 - update `release_quarantine(QuarantineRelease) -> QuarantineStatus` (an operator; rejected when
   the node is not quarantined), update `set_policy(BudgetPolicy) -> BudgetStatus` (the worker
   at start-up), queries `status`, `timeline`, `quarantine(node)`, `lease(incident_id)`.
 
-Requests are signals, not updates: Temporal admits at most 10 updates in flight per workflow
-(a storm of 100 failures would be refused and retried), and aborts those in flight when the
-workflow continues as new; signals are queued durably whatever their number, and none is lost
-to continue-as-new.
+Why both: an update answers within one round trip (the reply), where a signal's answer needs a
+signal back and a workflow task of the incident's to hear it (~40 ms of the reaction on the dev
+server). But Temporal admits at most 10 updates in flight per workflow and 2,000 per run
+(history.maxInFlightUpdates, history.maxTotalUpdates), and aborts those in flight when the
+workflow continues as new: a storm of failures is refused most of its updates. Signals are
+queued durably whatever their number, and none is lost to continue-as-new: so a refused update
+is sent again as a signal at once, never retried as an update.
 
 Leases are reclaimed without their holder: every holder_check_seconds the activity
 `find_closed_holders` describes the runs that hold or wait for a lease, and a closed run loses
@@ -122,6 +129,13 @@ class FleetBudgetWorkflow:
 
     # --- the incidents' side ------------------------------------------------------------------
 
+    @workflow.update
+    def ask_lease(self, req: LeaseRequest) -> LeaseState:
+        self._decided(self._ledger.request(req, workflow.now()), answered=req.incident_id)
+        told = self._told(req.incident_id)
+        assert told is not None, "a lease just requested is in the ledger"
+        return told
+
     @workflow.signal
     def request_lease(self, req: LeaseRequest) -> None:
         self._to_tell.append(req.incident_id)  # the answer, whether or not anything changed
@@ -189,17 +203,18 @@ class FleetBudgetWorkflow:
                     state = self._ledger.compacted(workflow.now())
                     workflow.continue_as_new(FleetBudgetInput(policy=state.policy, state=state))
 
-    def _decided(self, events: list[TimelineEvent]) -> None:
-        """Audit every decision, queue what incidents and the webhook must hear, and wake the loop
-        when it has something to send or write, a deadline came closer than the one it sleeps
-        until, or the history is long enough to continue as new."""
+    def _decided(self, events: list[TimelineEvent], answered: str | None = None) -> None:
+        """Audit every decision, queue what incidents and the webhook must hear (but not the
+        incident `answered` in an update's reply), and wake the loop when it has something to send
+        or write, a deadline came closer than the one it sleeps until, or the history is long
+        enough to continue as new."""
         for event in events:
             self._audit.decision(
                 AUDIT_ACTIONS[event.kind], incident=event.incident_id, node=event.node, reason=event.detail,
                 result=event.kind.value, actor=event.actor, actor_kind=event.actor_kind,
                 parameters={"holders": event.holders, "seq": event.seq},
             )
-            if event.kind in TOLD_TO_INCIDENT:
+            if event.kind in TOLD_TO_INCIDENT and event.incident_id != answered:
                 self._to_tell.append(event.incident_id)
             if event.kind == TimelineKind.QUARANTINED and self._ledger.policy.notifications:
                 self._to_notify.append(_quarantine_notification(event))
@@ -244,22 +259,26 @@ class FleetBudgetWorkflow:
         incidents, self._to_tell = list(dict.fromkeys(self._to_tell)), []
         await asyncio.gather(*(self._tell(incident) for incident in incidents))
 
-    async def _tell(self, incident_id: str) -> None:
+    def _told(self, incident_id: str) -> LeaseState | None:
+        """What an incident is told of its lease. The lemons go with it, so that no incident has
+        to query the budget for them: a thousand queries at once overflow the budget's query
+        buffer (BusyWorkflow)."""
         state = self._ledger.lease_state(incident_id)
-        if state is None:
+        return state.model_copy(update={"lemons": self._ledger.lemons()}) if state is not None else None
+
+    async def _tell(self, incident_id: str) -> None:
+        told = self._told(incident_id)
+        if told is None:
             # Its lease ended, and so many more ended since that the ledger forgot it (it keeps
             # the last FINISHED_KEPT): nothing is left to tell. An assertion here failed every
             # workflow task of the budget at N = 1,000.
             return
-        # The lemons go with the answer, so that no incident has to query the budget for them: a
-        # thousand queries at once overflow the budget's query buffer (BusyWorkflow).
-        told = state.model_copy(update={"lemons": self._ledger.lemons()})
         try:
-            await workflow.get_external_workflow_handle(state.workflow_id, run_id=state.run_id).signal(
+            await workflow.get_external_workflow_handle(told.workflow_id, run_id=told.run_id).signal(
                 LEASE_STATE_SIGNAL, told)
         except ApplicationError as err:
             if err.type == "ExternalWorkflowExecutionNotFound":
-                ref = HolderRef(incident_id=incident_id, workflow_id=state.workflow_id, run_id=state.run_id)
+                ref = HolderRef(incident_id=incident_id, workflow_id=told.workflow_id, run_id=told.run_id)
                 self._decided(self._ledger.drop_closed([ref], workflow.now()))
             else:
                 # Never fail the budget over one incident: an incident that does not hear of its

@@ -12,7 +12,7 @@ import pytest_asyncio
 from activities.xid_policy import XidPolicyTable
 from contracts.settings import Settings
 from starter.drill import Drill
-from worker import activities_for, build_slurm, build_worker
+from worker import activities_for, build_slurm, serving
 
 
 def stack_settings(local_stack, cluster: dict[str, str], task_queue: str, **overrides) -> Settings:
@@ -47,7 +47,7 @@ async def recovery_worker(temporal_env, settings):
     """An in-process worker on the test's own task queue, with the real Slurm backends."""
     async with AsyncExitStack() as stack:
         slurm = await build_slurm(settings, stack)
-        async with build_worker(temporal_env.client, settings.task_queue, activities_for(settings, slurm, temporal_env.client)):
+        async with serving(temporal_env.client, settings, activities_for(settings, slurm, temporal_env.client)):
             yield slurm
 
 

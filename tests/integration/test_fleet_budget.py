@@ -17,6 +17,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import sys
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -37,12 +38,13 @@ from temporalio import activity, workflow
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from activities.audit import write_audit, write_audit_lines
-from activities.budget import BudgetActivities, fleet_budget_status, release_quarantine
+from activities.budget import BudgetActivities, ensure_fleet_budget, fleet_budget_status, release_quarantine
 from activities.notify import NotifyActivities
 from activities.telemetry import TelemetryActivities
 from observability.metrics import RecoveryMetrics
@@ -293,13 +295,70 @@ async def test_storm_of_100_failures_never_more_than_5_in_remediation(temporal_e
     assert per_kind[TimelineKind.QUEUED] >= 90  # a storm: nearly all had to wait
     assert not per_kind[TimelineKind.EXPIRED] and not per_kind[TimelineKind.RECLAIMED]
     assert sorted(e.incident_id for e in timeline if e.kind == TimelineKind.GRANTED) == sorted(p.incident_id for p in plans)
-    # Every request was answered, and each waiting incident heard of its grant later, once.
-    assert sum(len(r.heard) for r in results) == 100 + per_kind[TimelineKind.QUEUED]
+    # Every request was answered, in the update's reply or by one signal, and each incident that
+    # had to wait heard of its grant later, once.
+    for r in results:
+        answer_heard = [s for s in r.heard if s.version == r.answer.version]
+        assert len(answer_heard) <= 1, r.heard
+        assert [s.version for s in r.heard] == sorted({s.version for s in r.heard}), r.heard
+        assert len(r.heard) == len(answer_heard) + r.answer.waiting, r.heard
+        assert r.heard[-1].granted if r.answer.waiting else r.answer.granted, r.heard
     assert status.holders == [] and status.waiting == [] and status.continued_as_new >= 1
     assert [e.seq for e in timeline] == list(range(1, len(timeline) + 1))  # nothing lost across runs
     granted_lines = {line["event_id"]: line for line in audit_lines(audit_file) if line["action"] == "lease_granted"}
     assert len(granted_lines) == 100
     assert {line["actor_kind"] for line in granted_lines.values()} == {"policy"}
+
+
+# --- how a request travels: update, or signal ---------------------------------------------------
+
+
+async def test_a_lease_granted_at_once_is_the_requests_reply_and_no_signal_is_sent(temporal_env):
+    """The answer is the update's reply: the incident acts on it within the workflow task that
+    asked, instead of waiting for a signal and a workflow task to hear it."""
+    policy = BudgetPolicy(max_nodes=1)
+    async with fleet(temporal_env, policy) as f:
+        await ensure_fleet_budget(f.client, policy, f.task_queue, f.budget_id)  # as the worker does at start-up
+        result = await f.incident(f.plan(1, hold_seconds=0.05))
+        requests = await requests_received(f.budget)
+
+    assert result.answer.granted and result.heard == []
+    assert requests == ["update ask_lease"]
+
+
+@pytest_asyncio.fixture
+async def temporal_env_refusing_updates():
+    """A dev server of its own that refuses every update (frontend.enableUpdateWorkflowExecution
+    off), as a busy budget refuses those beyond its 10 in flight."""
+    async with await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(Path(sys.executable).parent / "temporal"), dev_server_log_level="error",
+        dev_server_extra_args=["--dynamic-config-value", "frontend.enableUpdateWorkflowExecution=false"],
+        data_converter=pydantic_data_converter,
+    ) as env:
+        yield env
+
+
+async def test_a_request_refused_as_an_update_goes_as_a_signal_and_is_answered_by_one(temporal_env_refusing_updates):
+    async with fleet(temporal_env_refusing_updates, BudgetPolicy(max_nodes=1)) as f:
+        # The first request finds no budget running, and starts it with its signal.
+        first = await f.incident(f.plan(1, hold_seconds=0.05))
+        second = await f.incident(f.plan(2, hold_seconds=0.05))
+        requests = await requests_received(f.budget)
+
+    assert first.answer.granted and first.heard == [first.answer]
+    assert second.answer.granted and second.heard == [second.answer]
+    assert requests == ["signal request_lease", "signal request_lease"]
+
+
+async def requests_received(budget: WorkflowHandle) -> list[str]:
+    """The lease requests in the budget's history, as they came: 'update ask_lease' or 'signal request_lease'."""
+    received = []
+    async for event in budget.fetch_history_events():
+        if event.HasField("workflow_execution_update_accepted_event_attributes"):
+            received.append(f"update {event.workflow_execution_update_accepted_event_attributes.accepted_request.input.name}")
+        elif event.HasField("workflow_execution_signaled_event_attributes"):
+            received.append(f"signal {event.workflow_execution_signaled_event_attributes.signal_name}")
+    return [r for r in received if r.endswith(("ask_lease", "request_lease"))]
 
 
 # --- the budget's other limits ----------------------------------------------------------------
@@ -393,12 +452,13 @@ async def test_a_request_repeated_after_a_crash_gets_the_same_lease(time_skippin
 
     def crashing_after_sending(budget: BudgetActivities):
         @activity.defn(name="request_lease")
-        async def request_lease(req: LeaseRequest) -> None:
+        async def request_lease(req: LeaseRequest) -> LeaseState | None:
             # The budget has the request; the worker then "dies" before reporting it done.
-            await budget.request_lease(req)
+            answer = await budget.request_lease(req)
             sent.append(req)
             if activity.info().attempt == 1:
                 raise RuntimeError("worker lost after the request was sent")
+            return answer
         return request_lease
 
     policy = BudgetPolicy(max_nodes=1)
@@ -410,8 +470,10 @@ async def test_a_request_repeated_after_a_crash_gets_the_same_lease(time_skippin
     granted = Counter(e.incident_id for e in timeline if e.kind == TimelineKind.GRANTED)
     assert granted == {first.answer.incident_id: 1, second.answer.incident_id: 1}
     assert max(concurrent_holders(timeline)) == 1
-    # However often it was told (answers to requests in the same workflow task are sent once), one lease.
-    assert {(s.version, s.granted_at) for s in first.heard if s.granted} == {(first.held.version, first.held.granted_at)}
+    # However often it was told (in replies, or by signals: answers to requests in the same
+    # workflow task are sent once), one lease.
+    told = [first.answer, *first.heard]
+    assert {(s.version, s.granted_at) for s in told if s.granted} == {(first.held.version, first.held.granted_at)}
 
 
 async def test_a_request_left_unanswered_is_asked_again_after_twice_the_wait_each_time(time_skipping_env):
@@ -421,10 +483,9 @@ async def test_a_request_left_unanswered_is_asked_again_after_twice_the_wait_eac
 
     def lost_three_times(budget: BudgetActivities):
         @activity.defn(name="request_lease")
-        async def request_lease(req: LeaseRequest) -> None:
+        async def request_lease(req: LeaseRequest) -> LeaseState | None:
             asked.append(activity.info().scheduled_time)
-            if len(asked) > 3:
-                await budget.request_lease(req)
+            return await budget.request_lease(req) if len(asked) > 3 else None
         return request_lease
 
     async with fleet(time_skipping_env, BudgetPolicy(max_nodes=1), request_lease=lost_three_times) as f:
