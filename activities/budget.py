@@ -69,16 +69,18 @@ class BudgetActivities:
         """Hand the request to the budget. Its answer: the update's reply; or None when the
         request went as a signal-with-start, answered by signal: with no budget running (the
         signal starts it), with LEASE_UPDATES_IN_FLIGHT updates of this worker's in flight
-        already, or when Temporal refused the update (too many in flight or in this run of the
-        budget, updates disabled, or the budget continuing as new). Every call is a request anew
-        (no update id kept): the budget's ledger makes repeats idempotent, and answers each with
-        the lease as it stands."""
+        already, or when the update was refused (too many in flight or in this run of the
+        budget, updates disabled, the budget continuing as new or on older code). Every call is a
+        request anew (no update id kept): the budget's ledger makes repeats idempotent, and
+        answers each with the lease as it stands."""
         if not self._lease_updates.locked():  # checked and taken with no await between: one event loop
             async with self._lease_updates:
                 budget = self._client.get_workflow_handle_for(FleetBudgetWorkflow.run, self._workflow_id)
                 try:
                     return await budget.execute_update(FleetBudgetWorkflow.ask_lease, req)
-                except (RPCError, WorkflowUpdateRPCTimeoutOrCancelledError) as err:
+                # WorkflowUpdateFailedError: the update was rejected, which ask_lease never does; a
+                # budget on code from before it does (no such update): during a rolling upgrade.
+                except (RPCError, WorkflowUpdateRPCTimeoutOrCancelledError, WorkflowUpdateFailedError) as err:
                     activity.logger.info("lease request of %s sent by signal: the update was refused (%s)",
                                          req.incident_id, err)
         await self._client.start_workflow(FleetBudgetWorkflow.run, FleetBudgetInput(policy=self._policy),

@@ -38,7 +38,7 @@ from temporalio import activity, workflow
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -348,6 +348,48 @@ async def test_a_request_refused_as_an_update_goes_as_a_signal_and_is_answered_b
     assert first.answer.granted and first.heard == [first.answer]
     assert second.answer.granted and second.heard == [second.answer]
     assert requests == ["signal request_lease", "signal request_lease"]
+
+
+@workflow.defn(name="FleetBudgetWorkflow", sandboxed=False)
+class BudgetOnOlderCode:
+    """The budget as it was before `ask_lease`: it takes requests by signal only."""
+
+    def __init__(self) -> None:
+        self._requests: list[str] = []
+
+    @workflow.signal
+    def request_lease(self, req: LeaseRequest) -> None:
+        self._requests.append(req.incident_id)
+
+    @workflow.query
+    def requests(self) -> list[str]:
+        return self._requests
+
+    @workflow.run
+    async def run(self, inp: FleetBudgetInput) -> None:
+        await workflow.wait_condition(lambda: False)
+
+
+async def test_a_request_to_a_budget_on_older_code_goes_as_a_signal(temporal_env):
+    """During a rolling upgrade the budget may still run on a worker without `ask_lease`: the
+    update is rejected, and the request is sent again as the signal that budget knows."""
+    task_queue, budget_id = f"budget-{uuid.uuid4()}", f"fleet-budget-{uuid.uuid4().hex[:8]}"
+    budget = BudgetActivities(temporal_env.client, BudgetPolicy(), task_queue, workflow_id=budget_id)
+    req = LeaseRequest(incident_id=f"gpu-1-{budget_id}", node="gpu-1", workflow_id="incident-gpu-1", run_id="r1",
+                       partitions=[], running_jobs=0)
+    async with Worker(temporal_env.client, task_queue=task_queue, workflows=[BudgetOnOlderCode]):
+        older = await temporal_env.client.start_workflow(BudgetOnOlderCode.run, FleetBudgetInput(policy=BudgetPolicy()),
+                                                         id=budget_id, task_queue=task_queue)
+        answer = await ActivityEnvironment().run(budget.request_lease, req)
+        received = await wait_async(lambda: _received(older), 10, "the older budget to take the request")
+        await older.terminate("test over")
+
+    assert answer is None  # its answer comes by signal
+    assert received == [req.incident_id]
+
+
+async def _received(budget: WorkflowHandle) -> list[str] | None:
+    return await budget.query(BudgetOnOlderCode.requests) or None
 
 
 async def requests_received(budget: WorkflowHandle) -> list[str]:
