@@ -268,7 +268,11 @@ class BudgetLedger:
 
     def _end(self, lease: Lease, status: LeaseStatus, kind: TimelineKind, reason: str,
              now: datetime) -> list[TimelineEvent]:
-        self.state.leases.remove(lease)
+        # By identity: list.remove() compares with ==, a deep comparison of pydantic models (with
+        # the sandbox's isinstance on every field) against each lease before it. With 1,000 leases
+        # a budget's workflow task of releases passed the SDK's 2 s deadlock limit, and its
+        # replays after that outlasted the 10 s task timeout, over and over (python -m bench scale).
+        self.state.leases = [held for held in self.state.leases if held is not lease]
         state = lease.state
         del self._active_by_incident[state.incident_id]
         self._waiting.pop(state.incident_id, None)
