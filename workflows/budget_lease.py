@@ -6,7 +6,7 @@ NodeRecoveryWorkflow holds a BudgetLease: `_take_lease` (phase `budget`) request
 drain and before the first destructive step, waits over budget as a gate that an operator may
 answer, and `run()` releases it in `finally`. ReturnToServiceWorkflow calls check_quarantine()
 before each look at the node. request() returns within moments (the budget answers in the
-request's reply, or by signal when Temporal refused the request as an update);
+request's reply, or by signal when the request had to go as one);
 wait_granted() is an ordinary wait_condition, so signals, updates and queries keep being handled
 for hours if need be, an abort cancels it, and a worker restart loses nothing.
 """

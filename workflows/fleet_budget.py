@@ -4,13 +4,13 @@ in workflows/budget_ledger.py, every side effect an activity. docs/safety.md has
 
 Protocol (the incident's side is workflows/budget_lease.py):
 
-- update `ask_lease(LeaseRequest) -> LeaseState`, sent by the activity `request_lease` as
-  update-with-start (the budget starts with the first request): the answer (granted, or waiting
-  and why) is the update's reply, so an incident granted at once signals its jobs within the same
-  workflow task.
+- update `ask_lease(LeaseRequest) -> LeaseState`, sent by the activity `request_lease`: the
+  answer (granted, or waiting and why) is the update's reply, so an incident granted at once
+  signals its jobs within the same workflow task.
 - signal `request_lease(LeaseRequest)`: the same request, sent by that activity as
-  signal-with-start when Temporal refuses the update (see below). Keyed by incident id: a
-  repeated request changes nothing and is answered again.
+  signal-with-start when no budget runs (the worker starts one at start-up; else the first
+  request does) or the update is refused (see below). Keyed by incident id: a repeated request
+  changes nothing and is answered again.
 - signal `fleet_budget_lease_state(LeaseState)` to the incident's run: the answer to every
   request by signal, and every later change (granted after waiting, expired).
 - signal `release_lease(LeaseRelease)` from the incident (an external signal, no activity), at its
@@ -20,12 +20,14 @@ Protocol (the incident's side is workflows/budget_lease.py):
   at start-up), queries `status`, `timeline`, `quarantine(node)`, `lease(incident_id)`.
 
 Why both: an update answers within one round trip (the reply), where a signal's answer needs a
-signal back and a workflow task of the incident's to hear it (~40 ms of the reaction on the dev
-server). But Temporal admits at most 10 updates in flight per workflow and 2,000 per run
-(history.maxInFlightUpdates, history.maxTotalUpdates), and aborts those in flight when the
-workflow continues as new: a storm of failures is refused most of its updates. Signals are
-queued durably whatever their number, and none is lost to continue-as-new: so a refused update
-is sent again as a signal at once, never retried as an update.
+signal back and a workflow task of the incident's to hear it (from the request to the jobs
+signalled, 77 ms against 189 ms on the dev server: docs/safety.md). But Temporal admits at most
+10 updates in flight per workflow and 2,000 per run (history.maxInFlightUpdates,
+history.maxTotalUpdates), and aborts those in flight when the workflow continues as new: a storm
+of failures would be refused most of its updates. Signals are queued durably whatever their
+number, and none is lost to continue-as-new: so a worker sends at most 5 lease updates at once
+(activities/budget.py), and a refused update is sent again as a signal at once, never retried as
+an update.
 
 Leases are reclaimed without their holder: every holder_check_seconds the activity
 `find_closed_holders` describes the runs that hold or wait for a lease, and a closed run loses
