@@ -102,9 +102,10 @@ SPARE_CLAIM_LOCK = "spare-claim-lock"
 # Runs that start on this code take the quarantined spares from the lease's answer, not a query.
 LEMONS_FROM_LEASE = "lemons-from-lease"
 # Runs that start on this code fence the node in their first workflow task: the drain, the read of
-# its jobs and partitions and the lease request are local activities, as are the signals in the
-# task that hears the lease granted. Each was a round trip through the server (a workflow task, a
-# task-queue dispatch, three history events) before the first signal; runs begun before keep them.
+# its jobs and partitions and the lease request are local activities, as are the signals (in the
+# same task when the budget grants the lease in its update's reply, else in the task that hears the
+# grant by signal). Each was a round trip through the server (a workflow task, a task-queue
+# dispatch, three history events) before the first signal; runs begun before keep them.
 FENCE_IN_ONE_TASK = "fence-in-one-task"
 # A spare another incident is claiming is tried again after its claim ends: every so often, a few times.
 CLAIM_BUSY_WAIT = timedelta(seconds=1)

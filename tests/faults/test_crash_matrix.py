@@ -61,7 +61,8 @@ INCIDENT_SECONDS = 300
 # recorded yet). The test prints where each kill landed (the activity pending then, and its state).
 # (The fence up to the first signal is local activities since the fence-in-one-task patch: classify,
 # drain, the jobs and partitions read and the lease asked in the first workflow task, the jobs
-# signalled in the one that hears the lease granted. request_replacement runs in the spare's claim,
+# signalled in that task too when the budget grants the lease in its update's reply, else in the
+# one that hears the grant by signal. request_replacement runs in the spare's claim,
 # a child workflow: its points are read in that child's history.)
 DRAINED = "drained in Slurm"
 # Started, its alert signalled, its first workflow task scheduled and started: nothing recorded yet.
