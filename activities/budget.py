@@ -46,6 +46,11 @@ DESCRIBE_CONCURRENCY = 8
 # before giving up: under a storm, a request must not wait for that. Half of the 10 leaves room
 # for a second worker and for the operators' updates (set_policy, release_quarantine).
 LEASE_UPDATES_IN_FLIGHT = 5
+# How long a lease update may take before the request goes as a signal instead. The update runs in
+# the incident's first workflow task, which it holds open: a busy budget must not hold that task
+# towards its timeout (under load, incidents' first tasks timed out and ran again). An update the
+# budget takes up later is harmless: the signal gets the answer. Idle, an update takes 15-60 ms.
+LEASE_UPDATE_WITHIN = 2.0
 BUDGET_SUMMARY = "Fleet disruption budget and lemon list"
 
 
@@ -70,19 +75,21 @@ class BudgetActivities:
         request went as a signal-with-start, answered by signal: with no budget running (the
         signal starts it), with LEASE_UPDATES_IN_FLIGHT updates of this worker's in flight
         already, or when the update was refused (too many in flight or in this run of the
-        budget, updates disabled, the budget continuing as new or on older code). Every call is a
-        request anew (no update id kept): the budget's ledger makes repeats idempotent, and
-        answers each with the lease as it stands."""
+        budget, updates disabled, the budget continuing as new or on older code) or not answered
+        within LEASE_UPDATE_WITHIN. Every call is a request anew (no update id kept): the
+        budget's ledger makes repeats idempotent, and answers each with the lease as it stands."""
         if not self._lease_updates.locked():  # checked and taken with no await between: one event loop
             async with self._lease_updates:
                 budget = self._client.get_workflow_handle_for(FleetBudgetWorkflow.run, self._workflow_id)
                 try:
-                    return await budget.execute_update(FleetBudgetWorkflow.ask_lease, req)
+                    return await asyncio.wait_for(budget.execute_update(FleetBudgetWorkflow.ask_lease, req),
+                                                  LEASE_UPDATE_WITHIN)
                 # WorkflowUpdateFailedError: the update was rejected, which ask_lease never does; a
                 # budget on code from before it does (no such update): during a rolling upgrade.
-                except (RPCError, WorkflowUpdateRPCTimeoutOrCancelledError, WorkflowUpdateFailedError) as err:
-                    activity.logger.info("lease request of %s sent by signal: the update was refused (%s)",
-                                         req.incident_id, err)
+                except (RPCError, WorkflowUpdateRPCTimeoutOrCancelledError, WorkflowUpdateFailedError,
+                        TimeoutError) as err:
+                    activity.logger.info("lease request of %s sent by signal: the update was refused or "
+                                         "late (%r)", req.incident_id, err)
         await self._client.start_workflow(FleetBudgetWorkflow.run, FleetBudgetInput(policy=self._policy),
                                           **_starting_budget(self._workflow_id, self._task_queue),
                                           start_signal="request_lease", start_signal_args=[req])

@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import json
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -44,7 +45,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from activities.audit import write_audit, write_audit_lines
-from activities.budget import BudgetActivities, ensure_fleet_budget, fleet_budget_status, release_quarantine
+from activities.budget import (
+    LEASE_UPDATE_WITHIN, BudgetActivities, ensure_fleet_budget, fleet_budget_status, release_quarantine)
 from activities.notify import NotifyActivities
 from activities.telemetry import TelemetryActivities
 from observability.metrics import RecoveryMetrics
@@ -370,22 +372,53 @@ class BudgetOnOlderCode:
         await workflow.wait_condition(lambda: False)
 
 
+@workflow.defn(name="FleetBudgetWorkflow", sandboxed=False)
+class BudgetTooBusyToAnswer(BudgetOnOlderCode):
+    """A budget that takes the lease update and does not answer it in time."""
+
+    @workflow.update
+    async def ask_lease(self, req: LeaseRequest) -> LeaseState:
+        await workflow.wait_condition(lambda: False)
+        raise AssertionError("never answers")
+
+    @workflow.run
+    async def run(self, inp: FleetBudgetInput) -> None:
+        await super().run(inp)
+
+
 async def test_a_request_to_a_budget_on_older_code_goes_as_a_signal(temporal_env):
     """During a rolling upgrade the budget may still run on a worker without `ask_lease`: the
     update is rejected, and the request is sent again as the signal that budget knows."""
+    answer, received, _ = await request_lease_of(temporal_env, BudgetOnOlderCode)
+    assert answer is None  # its answer comes by signal
+    assert received == ["gpu-1"]
+
+
+async def test_a_lease_update_not_answered_in_time_goes_as_a_signal(temporal_env):
+    """The update holds the incident's first workflow task open: a budget too busy to answer
+    within LEASE_UPDATE_WITHIN gets the request as a signal, and answers it that way."""
+    answer, received, waited = await request_lease_of(temporal_env, BudgetTooBusyToAnswer)
+    assert answer is None
+    assert received == ["gpu-1"]
+    assert LEASE_UPDATE_WITHIN <= waited < LEASE_UPDATE_WITHIN + 10
+
+
+async def request_lease_of(env, budget_class) -> tuple[LeaseState | None, list[str], float]:
+    """The real activity `request_lease` against a stand-in budget: its answer, the requests the
+    budget took by signal (their nodes), and the seconds the activity took."""
     task_queue, budget_id = f"budget-{uuid.uuid4()}", f"fleet-budget-{uuid.uuid4().hex[:8]}"
-    budget = BudgetActivities(temporal_env.client, BudgetPolicy(), task_queue, workflow_id=budget_id)
+    budget = BudgetActivities(env.client, BudgetPolicy(), task_queue, workflow_id=budget_id)
     req = LeaseRequest(incident_id=f"gpu-1-{budget_id}", node="gpu-1", workflow_id="incident-gpu-1", run_id="r1",
                        partitions=[], running_jobs=0)
-    async with Worker(temporal_env.client, task_queue=task_queue, workflows=[BudgetOnOlderCode]):
-        older = await temporal_env.client.start_workflow(BudgetOnOlderCode.run, FleetBudgetInput(policy=BudgetPolicy()),
-                                                         id=budget_id, task_queue=task_queue)
+    async with Worker(env.client, task_queue=task_queue, workflows=[budget_class]):
+        stand_in = await env.client.start_workflow(budget_class.run, FleetBudgetInput(policy=BudgetPolicy()),
+                                                   id=budget_id, task_queue=task_queue)
+        started = time.monotonic()
         answer = await ActivityEnvironment().run(budget.request_lease, req)
-        received = await wait_async(lambda: _received(older), 10, "the older budget to take the request")
-        await older.terminate("test over")
-
-    assert answer is None  # its answer comes by signal
-    assert received == [req.incident_id]
+        waited = time.monotonic() - started
+        received = await wait_async(lambda: _received(stand_in), 10, "the stand-in budget to take the request")
+        await stand_in.terminate("test over")
+    return answer, [incident.removesuffix(f"-{budget_id}") for incident in received], waited
 
 
 async def _received(budget: WorkflowHandle) -> list[str] | None:
