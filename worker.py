@@ -188,7 +188,8 @@ async def serving(client: Client, settings: Settings, activities: list, **option
     """The worker polling its task queue, and the fleet budget running with this worker's policy
     (a larger K admits waiting incidents at once; a budget already running answers the first
     incident's lease request in its reply, not by signal)."""
-    async with build_worker(client, settings.task_queue, activities, **options) as worker:
+    async with build_worker(client, settings.task_queue, activities,
+                            max_concurrent_workflow_tasks=settings.workflow_task_slots, **options) as worker:
         if settings.fleet_budget:
             await ensure_fleet_budget(client, settings.budget_policy(), settings.task_queue,
                                       workflow_id=fleet_budget_workflow_id(settings.task_queue))
@@ -207,7 +208,8 @@ WORKFLOW_RUNNER = SandboxedWorkflowRunner(
 
 
 def build_worker(client: Client, task_queue: str, activities: list, **options) -> Worker:
-    options = {"max_cached_workflows": WORKFLOW_CACHE_SIZE, **options}
+    options = {"max_cached_workflows": WORKFLOW_CACHE_SIZE,
+               "max_concurrent_workflow_tasks": Settings.model_fields["workflow_task_slots"].default, **options}
     return Worker(
         client,
         task_queue=task_queue,

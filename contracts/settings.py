@@ -98,6 +98,13 @@ class Settings(BaseSettings):
     k8s_enabled: bool = Field(False, description="Slurm on Kubernetes (RECOVERY_K8S_* configure that side)")
     prometheus_address: str = Field(
         "", description="host:port where the worker serves the Temporal SDK's metrics for Prometheus; empty: off")
+    # Workflow tasks the worker takes at once; the rest wait their turn at the server. A task that
+    # fences a node holds its slot while its local activities run, so the worker must not take more
+    # than it can finish within Temporal's 10 s task timeout. On 2 cores with 1,000 incidents at
+    # once, the SDK's 100 slots let tasks time out and run again; 20 had none and every node was
+    # drained and signalled in 258 s (10: 402 s). At least 8: up to 5 of them may wait on the fleet
+    # budget's answer (activities/budget.py, LEASE_UPDATES_IN_FLIGHT), which needs a slot of its own.
+    workflow_task_slots: int = Field(20, ge=8, description="workflow tasks this worker runs at once")
     # Fleet safety (docs/safety.md): the disruption budget, lemon nodes, notifications, the audit log.
     fleet_budget: bool = Field(True, description="incidents take a lease from the fleet disruption budget")
     budget_max_nodes: int = Field(5, ge=1, description="K: nodes under remediation at once, fleet-wide")

@@ -198,6 +198,7 @@ async def test_the_worker_exports_over_otlp_and_serves_sdk_metrics(temporal_env,
     env = {**os.environ, "PYTHONPATH": str(REPO),
            "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
            "RECOVERY_TASK_QUEUE": task_queue, "RECOVERY_PROMETHEUS_ADDRESS": prometheus,
+           "RECOVERY_WORKFLOW_TASK_SLOTS": "12",
            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_port}",
            "OTEL_METRIC_EXPORT_INTERVAL": "500", "OTEL_BSP_SCHEDULE_DELAY": "200",
            "OTEL_SERVICE_NAME": "recovery-under-test"}
@@ -247,6 +248,10 @@ async def test_the_worker_exports_over_otlp_and_serves_sdk_metrics(temporal_env,
         text = await wait_for(lambda: "temporal_workflow_completed" in sdk_metrics() and sdk_metrics(), 20,
                               "the SDK's metrics on Prometheus")
         assert f'task_queue="{task_queue}"' in text
+        # The worker takes as many workflow tasks at once as configured (the SDK's default is 100).
+        workflow_slots = [line for line in text.splitlines()
+                          if line.startswith("temporal_worker_task_slots_available{") and 'worker_type="WorkflowWorker"' in line]
+        assert [float(line.rsplit(" ", 1)[1]) for line in workflow_slots] == [12], text
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=30) == 0, (tmp_path / "worker.log").read_text()

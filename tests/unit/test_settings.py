@@ -50,6 +50,8 @@ def test_the_file_sets_values_and_the_environment_wins(env, config_file):
     ("RECOVERY_SPARE_NODES=gpu-[1-2]\n", "RECOVERY_SPARE_NODES: Value error, invalid node name"),
     ("RECOVERY_GRACE=30\n", "RECOVERY_GRACE in "),  # a typo is refused, not ignored
     ("RECOVERY_PROMETHEUS_ADDRESS=9464\n", "RECOVERY_PROMETHEUS_ADDRESS: Value error, '9464' is not host:port"),
+    # fewer could leave the fleet budget no slot while incidents wait on its answer
+    ("RECOVERY_WORKFLOW_TASK_SLOTS=5\n", "RECOVERY_WORKFLOW_TASK_SLOTS: Input should be greater than or equal to 8"),
 ])
 def test_a_bad_file_is_refused_naming_the_variable(config_file, content, problem):
     config_file(content)
