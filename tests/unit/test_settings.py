@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from activities.budget import LEASE_UPDATES_IN_FLIGHT
 from contracts.settings import (
     ConfigError,
+    Settings,
     describe_config,
     load_settings,
     load_telemetry_settings,
@@ -101,3 +103,13 @@ def test_an_otlp_protocol_that_is_not_installed_is_refused(env):
     env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
     with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_PROTOCOL: Input should be 'http/protobuf'"):
         load_telemetry_settings()
+
+
+def test_the_fewest_workflow_task_slots_leave_the_fleet_budget_one_of_its_own():
+    """Up to LEASE_UPDATES_IN_FLIGHT of a worker's tasks may each hold a slot while they wait on
+    the fleet budget's answer: the budget's own task must still find one free."""
+    fewest = next(rule.ge for rule in Settings.model_fields["workflow_task_slots"].metadata if hasattr(rule, "ge"))
+    assert fewest > LEASE_UPDATES_IN_FLIGHT
+    assert load_settings(workflow_task_slots=fewest).workflow_task_slots == fewest
+    with pytest.raises(ConfigError, match="RECOVERY_WORKFLOW_TASK_SLOTS"):
+        load_settings(workflow_task_slots=fewest - 1)
