@@ -310,30 +310,39 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(name) or default
 
 
-def _alive(pidfile: Path) -> bool:
+def _pid_of(pidfile: Path) -> int | None:
+    """The pid in a pid file while its process runs; None for a stale file, whose pid may belong
+    to another process by now (pids wrap around at pid_max, and start over at a reboot): a
+    process that started after its pid file was written is not the one the file names."""
     try:
         pid = int(pidfile.read_text())
-        os.kill(pid, 0)
-    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
-        return False
-    # A zombie of ours still answers kill 0: look at its state.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
+        written = pidfile.stat().st_mtime
+        # after the command's name, which may hold spaces: the state, then field 22, the start in
+        # clock ticks since boot
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    except (FileNotFoundError, ValueError, IndexError):
+        return None
+    if fields[0] == "Z":  # a zombie of ours still answers kill 0
+        return None
+    booted = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                  if line.startswith("btime "))
+    started = booted + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    return pid if started <= written + 1 else None
+
+
+def _alive(pidfile: Path) -> bool:
+    return _pid_of(pidfile) is not None
 
 
 def _terminate(pidfile: Path, timeout: float = 15.0) -> None:
-    if not _alive(pidfile):
-        pidfile.unlink(missing_ok=True)
-        return
-    pid = int(pidfile.read_text())
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while _alive(pidfile) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if _alive(pidfile):
-        os.kill(pid, signal.SIGKILL)
+    pid = _pid_of(pidfile)
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _alive(pidfile) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(pidfile):
+            os.kill(pid, signal.SIGKILL)
     pidfile.unlink(missing_ok=True)
 
 

@@ -130,7 +130,21 @@ spare_names() {
 
 knobs() { echo "nodes=$NODES spares=$SPARES ports=$PORT_BASE base=$BASE root=${ROOT:-host}"; }
 
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# The pid in a pid file while its process runs; empty for a stale file, whose pid may belong to
+# another process by now (pids wrap around at pid_max, and start over at a reboot): a process
+# that started after its pid file was written is not the one the file names. Never fails.
+pid_in() {
+  local pid ticks boot
+  pid=$(cat "$1" 2>/dev/null) || return 0
+  [[ $pid =~ ^[0-9]+$ ]] || return 0
+  # field 22 of /proc/PID/stat, the start in clock ticks since boot (the name before it may hold spaces)
+  ticks=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f20) || return 0
+  [ -n "$ticks" ] || return 0
+  boot=$(awk '/^btime/ {print $2}' /proc/stat)
+  if [ $((boot + ticks / $(getconf CLK_TCK))) -le $(($(stat -c %Y "$1") + 1)) ]; then echo "$pid"; fi
+}
+
+alive() { local pid; pid=$(pid_in "$1"); [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; }
 
 write_config() {
   if [ -n "${SLURM_CLEAN_STATE:-}" ] && ! alive "$BASE/run/slurmctld.pid"; then
@@ -401,8 +415,6 @@ cmd_start() {
   write_env "$token"
   log "up: Slurm $VERSION${ROOT:+ from $ROOT}: $(node_names | paste -sd' ' -) (spares: $(spare_names | paste -sd' ' -)); source $BASE/env.sh"
 }
-
-pid_in() { cat "$1" 2>/dev/null || true; }
 
 # Wait for each pid to end (10 s at most each), then SIGKILL it.
 wait_gone() {
