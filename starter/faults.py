@@ -28,13 +28,14 @@ import json
 import os
 import signal
 import subprocess
+from pathlib import Path
 from typing import Literal
 
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 
-from starter.localstack import LocalStack, StackError, _wait_for, wait_async
+from starter.localstack import LocalStack, StackError, _wait_for, running_pid, wait_async
 
 HistoryPoint = Literal["scheduled", "started", "completed"]
 _POLL_SECONDS = 0.01
@@ -144,7 +145,7 @@ async def worker_identities(handle: WorkflowHandle) -> set[str]:
 
 def kill_worker(stack: LocalStack) -> int:
     """SIGKILL the stack's worker process (its pid file); returns its pid once it is gone."""
-    pid = int(stack.worker_pidfile.read_text())
+    pid = _running(stack.worker_pidfile, "worker")
     os.kill(pid, signal.SIGKILL)
     _wait_for(lambda: not stack.worker_running(), 10, f"the end of worker {pid}")
     return pid
@@ -153,11 +154,19 @@ def kill_worker(stack: LocalStack) -> int:
 def restart_temporal(stack: LocalStack) -> None:
     """kill -9 the stack's dev server, then start it again on the same sqlite file; returns once
     its frontend answers."""
-    pid = int(stack.temporal_pidfile.read_text())
+    pid = _running(stack.temporal_pidfile, "Temporal dev server")
     os.kill(pid, signal.SIGKILL)
     _wait_for(lambda: not stack.temporal_running(), 15, f"the end of the Temporal dev server {pid}")
     stack.start_temporal()
     _wait_for(lambda: _temporal_serving(stack), 60, "the restarted Temporal dev server")
+
+
+def _running(pidfile: Path, what: str) -> int:
+    """The pid of the stack's process that the pid file names; never another's that took its pid."""
+    pid = running_pid(pidfile)
+    if pid is None:
+        raise StackError(f"no {what} of this stack is running ({pidfile})")
+    return pid
 
 
 def _temporal_serving(stack: LocalStack) -> bool:

@@ -310,7 +310,7 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(name) or default
 
 
-def _pid_of(pidfile: Path) -> int | None:
+def running_pid(pidfile: Path) -> int | None:
     """The pid in a pid file while its process runs; None for a stale file, whose pid may belong
     to another process by now (pids wrap around at pid_max, and start over at a reboot): a
     process that started after its pid file was written is not the one the file names."""
@@ -331,11 +331,11 @@ def _pid_of(pidfile: Path) -> int | None:
 
 
 def _alive(pidfile: Path) -> bool:
-    return _pid_of(pidfile) is not None
+    return running_pid(pidfile) is not None
 
 
 def _terminate(pidfile: Path, timeout: float = 15.0) -> None:
-    pid = _pid_of(pidfile)
+    pid = running_pid(pidfile)
     if pid is not None:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
