@@ -25,11 +25,16 @@ SLURM_CALL = dict(
     schedule_to_close_timeout=timedelta(minutes=10),
     retry_policy=SLURM_RETRY,
 )
-# A Slurm call tried first as a local activity, within the workflow task: three attempts over
-# about 3 s; then (NodeRecoveryWorkflow._locally_first) as an activity with SLURM_CALL. Counted in
-# attempts, not time: a local activity's deadline is kept by the worker, not the server.
+# A Slurm call tried first as a local activity, within the workflow task: up to three attempts,
+# all within SLURM_QUICK_TRY_BUDGET; then (NodeRecoveryWorkflow._locally_first) as an activity with
+# SLURM_CALL, timed by the server (a local activity's deadline is kept by the worker). While it
+# runs, the task holds one of the worker's few workflow-task slots (RECOVERY_WORKFLOW_TASK_SLOTS),
+# which the fleet budget and every other run need too: a Slurm that takes requests and never
+# answers must not keep it. Bounded by attempts alone, three hung attempts held it 30 s (measured:
+# REST's 10 s time-out three times; the CLI's is 20 s). 10 s is Temporal's default workflow task time-out.
+SLURM_QUICK_TRY_BUDGET = timedelta(seconds=10)
 SLURM_QUICK_TRY = dict(
-    start_to_close_timeout=timedelta(seconds=30),
+    schedule_to_close_timeout=SLURM_QUICK_TRY_BUDGET,
     retry_policy=RetryPolicy(
         initial_interval=SLURM_RETRY.initial_interval,
         backoff_coefficient=SLURM_RETRY.backoff_coefficient,

@@ -11,12 +11,15 @@ pass without waiting, each attempt still a real call to the real cluster.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -33,6 +36,7 @@ from starter.drill import Drill, DrillOptions, DrillRun
 from tests.faults.proxy import FaultProxy
 from tests.integration.conftest import settings, task_queue  # noqa: F401 (fixtures)
 from worker import activities_for, build_slurm, build_worker
+from workflows.call_options import SLURM_QUICK_TRY_BUDGET
 
 pytestmark = pytest.mark.slurm
 
@@ -142,6 +146,47 @@ async def test_transient_slurmrestd_faults_at_every_call_are_retried_and_the_job
     if "update_node" in injected:  # the lost answer's retry found the drain done
         assert "already done by this incident" in actions(report, "drain_node")[0].detail
     assert node.state == "down" and f"incident {report.incident_id} " in node.reason + " "
+
+
+# --- a hung call: the worker's workflow task is not held --------------------------------------
+
+
+async def test_a_hung_slurm_call_leaves_the_workflow_task_once_the_quick_try_budget_is_spent(
+        temporal_env, local_stack, slurm_cluster, settings):
+    """slurmrestd takes the incident's GET /jobs and never answers. Tried first within the
+    incident's workflow task, which holds one of the worker's few workflow-task slots while it
+    waits, the call moves to an activity timed by the server once SLURM_QUICK_TRY_BUDGET is spent
+    (three attempts of REST's 10 s time-out held it 30 s). Once slurmrestd answers again, the
+    incident recovers, its job requeued once."""
+    method, path = rest_path("list_jobs")
+    async with worker_behind_proxy(temporal_env.client, settings) as (proxy, slurm):
+        hung = proxy.inject(method, path, delay=3600, times=None)
+        drill = drill_on(temporal_env.client, local_stack, slurm_cluster, settings)
+        run = await drill.start(DrillOptions(xid=FATAL_XID))
+        started, moved = await _started_and_first_scheduled(run.handle, "find_jobs", within=90)
+        assert hung.hits >= 1, proxy.seen  # the local tries did meet the hung slurmrestd
+        proxy.clear()
+        report, job, _ = await follow_to_the_end(drill, run)
+
+    budget = SLURM_QUICK_TRY_BUDGET.total_seconds()
+    held = (moved - started).total_seconds()
+    assert budget <= held <= budget + 5, f"find_jobs became an activity {held:.1f} s into the incident"
+    assert report.outcome == "recovered", report.model_dump_json(indent=1)
+    assert job.restart_count == 1 and len(actions(report, "requeue_hold")) == 1
+
+
+async def _started_and_first_scheduled(handle, activity_type: str, within: float) -> tuple[datetime, datetime]:
+    """When the run started, and when its first activity of `activity_type` was scheduled (polled
+    for up to `within` seconds)."""
+    deadline = time.monotonic() + within
+    while True:
+        history = [event async for event in handle.fetch_history_events()]
+        scheduled = [e.event_time.ToDatetime() for e in history if e.HasField("activity_task_scheduled_event_attributes")
+                     and e.activity_task_scheduled_event_attributes.activity_type.name == activity_type]
+        if scheduled:
+            return history[0].event_time.ToDatetime(), scheduled[0]
+        assert time.monotonic() < deadline, f"no {activity_type} activity after {within} s"
+        await asyncio.sleep(0.5)
 
 
 # --- persistent faults on a read before a destructive step: fail closed -------------------------
