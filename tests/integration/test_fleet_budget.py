@@ -414,7 +414,8 @@ async def request_lease_of(env, budget_class) -> tuple[LeaseState | None, list[s
         stand_in = await env.client.start_workflow(budget_class.run, FleetBudgetInput(policy=BudgetPolicy()),
                                                    id=budget_id, task_queue=task_queue)
         started = time.monotonic()
-        answer = await ActivityEnvironment().run(budget.request_lease, req)
+        # Bounded, so that a request that is never answered fails the test instead of hanging it.
+        answer = await asyncio.wait_for(ActivityEnvironment().run(budget.request_lease, req), LEASE_UPDATE_WITHIN + 30)
         waited = time.monotonic() - started
         received = await wait_async(lambda: _received(stand_in), 10, "the stand-in budget to take the request")
         await stand_in.terminate("test over")
