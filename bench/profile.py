@@ -6,13 +6,14 @@ server, counted from its history: the same in every run, whatever else the machi
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, TaskQueueKind, TimeoutType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHandle
 
-from bench.table import median
+from bench.table import median, percentile
 from starter.faults import local_activity_marker
 
 
@@ -100,6 +101,47 @@ def history_counts(events: Iterable[HistoryEvent]) -> dict[str, int]:
         if event.event_type in kinds:
             counts[kinds[event.event_type]] += 1
     return counts
+
+
+@dataclass
+class WorkflowTaskWaits:
+    """A workflow's tasks as the server recorded them: how long each waited in a task queue
+    before a worker took it (scheduled to started), and where. A worker keeps a run it has in its
+    cache on a sticky queue of its own; a task left there unstarted past the sticky queue's
+    schedule-to-start timeout times out and is scheduled again on the workflow's task queue,
+    behind every other task waiting there."""
+
+    waits: list[float] = field(default_factory=list)  # seconds, one per started task
+    on_sticky_queue: int = 0
+    left_the_sticky_queue: int = 0  # timed out unstarted on the sticky queue
+    timed_out_at_the_worker: int = 0  # started, not completed within the task's time-out
+
+    def add(self, events: Iterable[HistoryEvent]) -> None:
+        scheduled: dict[int, datetime] = {}
+        for event in events:
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+                scheduled[event.event_id] = event.event_time.ToDatetime()
+                if event.workflow_task_scheduled_event_attributes.task_queue.kind == \
+                        TaskQueueKind.TASK_QUEUE_KIND_STICKY:
+                    self.on_sticky_queue += 1
+            elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+                at = scheduled.get(event.workflow_task_started_event_attributes.scheduled_event_id)
+                if at is not None:
+                    self.waits.append((event.event_time.ToDatetime() - at).total_seconds())
+            elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+                if event.workflow_task_timed_out_event_attributes.timeout_type == \
+                        TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START:
+                    self.left_the_sticky_queue += 1
+                else:
+                    self.timed_out_at_the_worker += 1
+
+    def summary(self) -> str:
+        if not self.waits:
+            return "no workflow task started"
+        return (f"{len(self.waits)} started ({self.on_sticky_queue} scheduled on the worker's sticky queue, "
+                f"{self.left_the_sticky_queue} of them timed out there unstarted; {self.timed_out_at_the_worker} "
+                f"timed out at the worker), waited in a task queue p50 {percentile(self.waits, 0.5) * 1000:.0f} ms, "
+                f"p99 {percentile(self.waits, 0.99) * 1000:.0f} ms, max {max(self.waits) * 1000:.0f} ms")
 
 
 def median_timeline(runs: list[list[tuple[str, float]]]) -> list[tuple[str, float]]:

@@ -33,12 +33,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 
 from bench import reaction
 from bench.harness import OPERATIONS, ScaleSlurm, node_name, spare_name
-from bench.profile import (HISTORY_KINDS, activity_timeline, history_counts, history_of, median_timeline,
-                           render_timeline)
+from bench.profile import (HISTORY_KINDS, WorkflowTaskWaits, activity_timeline, history_counts, history_of,
+                           median_timeline, render_timeline)
 from bench.services import cpu_seconds, machine_busy_seconds, process, temporal_dev_server
 from bench.stack import BenchStack, say
 from bench.table import Row, goal, median, percentile, row
@@ -143,6 +144,7 @@ class ScaleRun:
     timeline: list[tuple[str, float]] = field(default_factory=list)
     # per incident, from the histories of sampled incidents (median) and the fleet budget's (all runs / N)
     history: dict[str, float] = field(default_factory=dict)
+    budget_tasks: WorkflowTaskWaits = field(default_factory=WorkflowTaskWaits)  # every run of the fleet budget
 
     def summary(self) -> str:
         return (f"N={self.nodes}: drained+signalled in {self.seconds_to_drain_and_signal:.2f} s "
@@ -154,7 +156,8 @@ class ScaleRun:
                 f"{self.worker_cpu_to_signal * 1000:.1f} + {self.temporal_cpu_to_signal * 1000:.1f} ms); "
                 f"worker RSS {self.worker_idle_rss_mib:.0f} -> peak {self.worker_peak_rss_mib:.0f} MiB; "
                 f"other processes {self.other_cores:.2f} cores; per incident: "
-                + ", ".join(f"{v:g} {k}" for k, v in self.history.items()))
+                + ", ".join(f"{v:g} {k}" for k, v in self.history.items())
+                + f"; the fleet budget's workflow tasks: {self.budget_tasks.summary()}")
 
 
 async def run_once(nodes: int, latency: dict[str, float], workdir: Path) -> ScaleRun:
@@ -188,7 +191,13 @@ async def run_once(nodes: int, latency: dict[str, float], workdir: Path) -> Scal
             await activity_timeline(client.get_workflow_handle(incident_workflow_id(node_name(i))),
                                     datetime.fromtimestamp(started, timezone.utc), "signal_job")
             for i in _sample(nodes)])
-        history = await _history_per_incident(client, nodes)
+        budget = await _budget_histories(client)
+        history = await _history_per_incident(client, nodes, budget)
+        # Every incident waits on the budget's answers: a budget task that waits in a queue holds
+        # up every incident that asked.
+        budget_tasks = WorkflowTaskWaits()
+        for events in budget:
+            budget_tasks.add(events)
     per_incident = [t - started for t in done_at.values()]
     seconds = max(per_incident)
     return ScaleRun(
@@ -200,7 +209,8 @@ async def run_once(nodes: int, latency: dict[str, float], workdir: Path) -> Scal
         worker_cpu_to_signal=(cpu_at_signal.worker - cpu_before.worker) / nodes,
         temporal_cpu_to_signal=(cpu_at_signal.temporal - cpu_before.temporal) / nodes,
         other_cores=cpu_after.others_since(cpu_before) / (finished - started),
-        worker_idle_rss_mib=idle_rss, worker_peak_rss_mib=peak_rss, timeline=timeline, history=history)
+        worker_idle_rss_mib=idle_rss, worker_peak_rss_mib=peak_rss, timeline=timeline, history=history,
+        budget_tasks=budget_tasks)
 
 
 async def bare_drain_and_signal(nodes: int, latency: dict[str, float]) -> float:
@@ -310,18 +320,20 @@ async def _outcomes(client: Client, nodes: int) -> dict[str, int]:
     return counts
 
 
-async def _history_per_incident(client: Client, nodes: int) -> dict[str, float]:
+async def _history_per_incident(client: Client, nodes: int, budget: list[list[HistoryEvent]]) -> dict[str, float]:
     """What an incident asks of the server, counted: the median over sampled incidents of each
     kind of history event, and the fleet budget's events (every run of it) per incident."""
     counts = [history_counts(await history_of(client.get_workflow_handle(incident_workflow_id(node_name(i)))))
               for i in _sample(nodes)]
     history = {kind: median(c[kind] for c in counts) or 0 for kind in ["events", *HISTORY_KINDS]}
-    budget_events = 0
-    async for run in client.list_workflows(f"WorkflowId = '{fleet_budget_workflow_id(TASK_QUEUE)}'"):
-        budget_events += (await client.get_workflow_handle(run.id, run_id=run.run_id).describe()
-                          ).raw_description.workflow_execution_info.history_length
-    history["fleet budget events"] = round(budget_events / (nodes + 1), 1)  # + the warm-up incident
+    history["fleet budget events"] = round(sum(map(len, budget)) / (nodes + 1), 1)  # + the warm-up incident
     return history
+
+
+async def _budget_histories(client: Client) -> list[list[HistoryEvent]]:
+    """Every run of the fleet budget's history."""
+    return [await history_of(client.get_workflow_handle(run.id, run_id=run.run_id))
+            async for run in client.list_workflows(f"WorkflowId = '{fleet_budget_workflow_id(TASK_QUEUE)}'")]
 
 
 def _sample(nodes: int) -> list[int]:

@@ -4,16 +4,20 @@ import json
 from datetime import datetime, timedelta, timezone
 
 from temporalio.api.common.v1 import ActivityType, Payload
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, TaskQueueKind, TimeoutType
 from temporalio.api.history.v1 import (
     ActivityTaskCompletedEventAttributes,
     ActivityTaskScheduledEventAttributes,
     ActivityTaskStartedEventAttributes,
     HistoryEvent,
     MarkerRecordedEventAttributes,
+    WorkflowTaskScheduledEventAttributes,
+    WorkflowTaskStartedEventAttributes,
+    WorkflowTaskTimedOutEventAttributes,
 )
+from temporalio.api.taskqueue.v1 import TaskQueue
 
-from bench.profile import history_counts, timeline
+from bench.profile import WorkflowTaskWaits, history_counts, timeline
 
 SINCE = datetime(2026, 11, 30, tzinfo=timezone.utc)
 
@@ -135,3 +139,49 @@ def test_a_local_activity_done_before_the_clock_started_counts_nothing():
 
     assert [(name, round(s * 1000)) for name, s in timeline(history.events, SINCE, "drain_node")] == [
         ("classify_fault, local activity", 0), ("drain_node, local activity", 30)]
+
+
+def _workflow_task_scheduled(history: History, ms: float, kind: TaskQueueKind.ValueType) -> int:
+    return history.add(ms, EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
+                       workflow_task_scheduled_event_attributes=WorkflowTaskScheduledEventAttributes(
+                           task_queue=TaskQueue(name="q", kind=kind)))
+
+
+def _workflow_task_started(history: History, ms: float, scheduled_id: int) -> None:
+    history.add(ms, EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
+                workflow_task_started_event_attributes=WorkflowTaskStartedEventAttributes(
+                    scheduled_event_id=scheduled_id))
+
+
+def _workflow_task_timed_out(history: History, ms: float, scheduled_id: int, timeout: TimeoutType.ValueType) -> None:
+    history.add(ms, EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT,
+                workflow_task_timed_out_event_attributes=WorkflowTaskTimedOutEventAttributes(
+                    scheduled_event_id=scheduled_id, timeout_type=timeout))
+
+
+def test_workflow_task_waits_count_the_queue_each_task_waited_in():
+    history = History()
+    _workflow_task_started(history, 5, _workflow_task_scheduled(history, 0, TaskQueueKind.TASK_QUEUE_KIND_NORMAL))
+    history.add(10, EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
+    # Left on the sticky queue past its time-out, then taken from the normal queue 3 s later.
+    left = _workflow_task_scheduled(history, 100, TaskQueueKind.TASK_QUEUE_KIND_STICKY)
+    _workflow_task_timed_out(history, 2100, left, TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START)
+    _workflow_task_started(history, 5100, _workflow_task_scheduled(history, 2100, TaskQueueKind.TASK_QUEUE_KIND_NORMAL))
+    history.add(5120, EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
+    # Taken from the sticky queue at once, then timed out at the worker.
+    slow = _workflow_task_scheduled(history, 6000, TaskQueueKind.TASK_QUEUE_KIND_STICKY)
+    _workflow_task_started(history, 6001, slow)
+    _workflow_task_timed_out(history, 16001, slow, TimeoutType.TIMEOUT_TYPE_START_TO_CLOSE)
+
+    waits = WorkflowTaskWaits()
+    waits.add(history.events)
+    waits.add(history.events[:2])  # a second run of the workflow adds to the first
+
+    assert waits.waits == [0.005, 3.0, 0.001, 0.005]
+    assert (waits.on_sticky_queue, waits.left_the_sticky_queue, waits.timed_out_at_the_worker) == (2, 1, 1)
+    assert "4 started (2 scheduled on the worker's sticky queue, 1 of them timed out there unstarted; " \
+           "1 timed out at the worker), waited in a task queue p50 5 ms, p99 3000 ms, max 3000 ms" == waits.summary()
+
+
+def test_workflow_task_waits_without_a_task():
+    assert WorkflowTaskWaits().summary() == "no workflow task started"
