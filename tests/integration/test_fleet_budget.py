@@ -6,9 +6,9 @@ Where timers matter (hold times, lease expiry, holder checks, the disrupted-jobs
 window) the tests run on Temporal's time-skipping test server, and start every incident before
 awaiting any result: awaiting a result lets the server skip time, and with no timer left anywhere
 it skips ten years, to its default run timeout, which would end the budget (ClockAnchor keeps a
-timer within the hour for the same reason). The storm, continue-as-new, the operator's updates and
-a notification that outlives its sender run on the real dev server: around those the time-skipping
-server lost updates, or skipped no more time for the tests that followed.
+timer within the hour for the same reason). The storm, continue-as-new, the operator's updates, the
+gauge and a notification that outlives its sender run on the real dev server: around those the
+time-skipping server lost updates, skipped no more time, or skipped past what the test looks at.
 """
 
 from __future__ import annotations
@@ -240,10 +240,12 @@ async def fleet(env, policy: BudgetPolicy, webhook: WebhookTarget | None = None,
                       workflows=[FleetBudgetWorkflow, NotificationWorkflow, StandInIncident, NotifyingCaller,
                                  ClockAnchor]):
         anchor = await env.client.start_workflow(ClockAnchor.run, id=f"clock-{budget_id}", task_queue=task_queue)
-        yield under_test
-        await under_test.end_budget()
-        await anchor.signal(ClockAnchor.stop)
-        await anchor.result()
+        try:
+            yield under_test
+        finally:  # a failed test too: nothing of it may outlive its worker
+            await under_test.end_budget()
+            await anchor.signal(ClockAnchor.stop)
+            await anchor.result()
 
 
 @pytest_asyncio.fixture
@@ -460,20 +462,22 @@ async def test_a_partition_fraction_limits_its_nodes(time_skipping_env):
     assert max(concurrent_holders([e for e in timeline if e.incident_id in gpu_incidents])) == 2
 
 
-async def test_the_budget_gauge_follows_the_nodes_in_use(time_skipping_env):
-    """recovery.budget.in_use: what operators chart; fed by the budget as leases come and go."""
-    async with fleet(time_skipping_env, BudgetPolicy(max_nodes=5)) as f:
-        handles = [await f.start(f.plan(n, hold_seconds=600 * n)) for n in (1, 2)]
+async def test_the_budget_gauge_follows_the_nodes_in_use(temporal_env):
+    """recovery.budget.in_use: what operators chart; fed by the budget as leases come and go.
+    Each incident holds its lease until told to finish: on the time-skipping server, awaiting the
+    first incident's end could skip time on past the second's hold, and the gauge never read 1."""
+    async with fleet(temporal_env, BudgetPolicy(max_nodes=5)) as f:
+        handles = [await f.start(f.plan(n, hold_seconds=3600)) for n in (1, 2)]
 
         async def gauge_reads(nodes: int) -> bool:
             found = {p.attributes["budget"]: p.value for p in points(f.metrics).get("recovery.budget.in_use", [])}
             return found.get(f.budget_id) == nodes
 
         await wait_async(lambda: gauge_reads(2), 30, "the gauge to read 2 nodes in use")
-        await handles[0].result()
-        await wait_async(lambda: gauge_reads(1), 30, "the gauge to read 1 once the first lease is returned")
-        await handles[1].result()
-        await wait_async(lambda: gauge_reads(0), 30, "the gauge to read 0 once both leases are returned")
+        for handle, left in zip(handles, (1, 0)):
+            await handle.signal(StandInIncident.finish)
+            await handle.result()
+            await wait_async(lambda: gauge_reads(left), 30, f"the gauge to read {left} once a lease is returned")
 
 
 async def test_disrupted_jobs_per_window_hold_the_next_incident_until_the_window_passes(time_skipping_env):

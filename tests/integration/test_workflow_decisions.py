@@ -407,11 +407,9 @@ async def test_xid_154_follows_the_drivers_recommended_action(time_skipping_env)
 # --- return to service on Kubernetes ---------------------------------------------------------
 
 
-async def test_return_to_service_unfences_the_kubernetes_node_once_healthy(own_time_skipping_env):
+async def test_return_to_service_unfences_the_kubernetes_node_once_healthy(time_skipping_env):
     """The Node stays fenced while the health check fails (looked at again on a durable timer),
-    is unfenced once, when it passes, and the Slurm node is then resumed. A test server of its
-    own: on the shared one, the clock was once found past this watcher's give-up time (2100),
-    moved there by a timer some earlier test had left."""
+    is unfenced once, when it passes, and the Slurm node is then resumed."""
     looks: list[str] = []
 
     @activity.defn(name="check_node_health")
@@ -434,9 +432,9 @@ async def test_return_to_service_unfences_the_kubernetes_node_once_healthy(own_t
 
     ctx = ActionContext(incident_id="gpu-2-1", owner="recovery", actor="recovery policy", reason="test", xid=79)
     task_queue = f"rts-{uuid.uuid4()}"
-    async with Worker(own_time_skipping_env.client, task_queue=task_queue, workflows=[ReturnToServiceWorkflow],
+    async with Worker(time_skipping_env.client, task_queue=task_queue, workflows=[ReturnToServiceWorkflow],
                       activities=[check_node_health, unfence_k8s_node, return_to_service]):
-        result = await own_time_skipping_env.client.execute_workflow(
+        result = await time_skipping_env.client.execute_workflow(
             ReturnToServiceWorkflow.run,
             ReturnToServiceRequest(node="gpu-2", ctx=ctx, poll_seconds=0.2, kubernetes_node="k8s-gpu-2",
                                    give_up_at=NOW.replace(year=2100)),
