@@ -21,7 +21,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -46,7 +46,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from activities.audit import write_audit, write_audit_lines
 from activities.budget import (
-    LEASE_UPDATE_WITHIN, BudgetActivities, ensure_fleet_budget, fleet_budget_status, release_quarantine)
+    BUDGET_PRIORITY, LEASE_UPDATE_WITHIN, BudgetActivities, ensure_fleet_budget, fleet_budget_status, release_quarantine)
 from activities.notify import NotifyActivities
 from activities.telemetry import TelemetryActivities
 from observability.metrics import RecoveryMetrics
@@ -170,6 +170,14 @@ class Fleet:
     task_queue: str
     budget_id: str
     metrics: InMemoryMetricReader
+    activities: list[Callable]
+
+    def worker(self, **options) -> Worker:
+        """The worker with the budget's workflows and activities, and the stand-ins'."""
+        return Worker(self.client, task_queue=self.task_queue, activities=self.activities,
+                      max_concurrent_activities=50, workflows=[FleetBudgetWorkflow, NotificationWorkflow,
+                                                               StandInIncident, NotifyingCaller, ClockAnchor],
+                      **options)
 
     def plan(self, n: int, node: str | None = None, **fields) -> StandInPlan:
         node = node or f"gpu-{n}"
@@ -220,12 +228,11 @@ class Fleet:
         raise AssertionError(f"no {count} {kind or ''} event(s) in the budget's timeline")
 
 
-@asynccontextmanager
-async def fleet(env, policy: BudgetPolicy, webhook: WebhookTarget | None = None,
-                request_lease: Callable[[BudgetActivities], Callable] | None = None):
-    """A worker with the budget's workflows and activities on a task queue of its own, and a
-    budget of its own (the id is the test's, not the namespace-wide `fleet-budget`).
-    `request_lease` replaces that activity with one built around the real one."""
+def new_fleet(env, policy: BudgetPolicy, webhook: WebhookTarget | None = None,
+              request_lease: Callable[[BudgetActivities], Callable] | None = None) -> Fleet:
+    """A task queue of its own, and a budget of its own (the id is the test's, not the
+    namespace-wide `fleet-budget`). `request_lease` replaces that activity with one built around
+    the real one."""
     task_queue = f"budget-{uuid.uuid4()}"
     budget_id = f"fleet-budget-{uuid.uuid4().hex[:8]}"
     budget = BudgetActivities(env.client, policy, task_queue, workflow_id=budget_id)
@@ -235,11 +242,17 @@ async def fleet(env, policy: BudgetPolicy, webhook: WebhookTarget | None = None,
     activities = [request_lease(budget) if request_lease else budget.request_lease, budget.check_quarantine,
                   budget.find_closed_holders, notifier.deliver_notification, write_audit, write_audit_lines,
                   TelemetryActivities(metrics).record_budget_in_use]
-    under_test = Fleet(env.client, task_queue, budget_id, reader)
-    async with Worker(env.client, task_queue=task_queue, activities=activities, max_concurrent_activities=50,
-                      workflows=[FleetBudgetWorkflow, NotificationWorkflow, StandInIncident, NotifyingCaller,
-                                 ClockAnchor]):
-        anchor = await env.client.start_workflow(ClockAnchor.run, id=f"clock-{budget_id}", task_queue=task_queue)
+    return Fleet(env.client, task_queue, budget_id, reader, activities)
+
+
+@asynccontextmanager
+async def fleet(env, policy: BudgetPolicy, webhook: WebhookTarget | None = None,
+                request_lease: Callable[[BudgetActivities], Callable] | None = None):
+    """new_fleet() with its worker polling, and a ClockAnchor."""
+    under_test = new_fleet(env, policy, webhook, request_lease)
+    async with under_test.worker():
+        anchor = await env.client.start_workflow(ClockAnchor.run, id=f"clock-{under_test.budget_id}",
+                                                 task_queue=under_test.task_queue)
         try:
             yield under_test
         finally:  # a failed test too: nothing of it may outlive its worker
@@ -330,15 +343,27 @@ async def test_a_lease_granted_at_once_is_the_requests_reply_and_no_signal_is_se
     assert requests == ["update ask_lease"]
 
 
+def dev_server_of_its_own(*dynamic_config: str) -> Awaitable[WorkflowEnvironment]:
+    return WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(Path(sys.executable).parent / "temporal"), dev_server_log_level="error",
+        dev_server_extra_args=[arg for value in dynamic_config for arg in ("--dynamic-config-value", value)],
+        data_converter=pydantic_data_converter)
+
+
 @pytest_asyncio.fixture
 async def temporal_env_refusing_updates():
     """A dev server of its own that refuses every update (frontend.enableUpdateWorkflowExecution
     off), as a busy budget refuses those beyond its 10 in flight."""
-    async with await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(Path(sys.executable).parent / "temporal"), dev_server_log_level="error",
-        dev_server_extra_args=["--dynamic-config-value", "frontend.enableUpdateWorkflowExecution=false"],
-        data_converter=pydantic_data_converter,
-    ) as env:
+    async with await dev_server_of_its_own("frontend.enableUpdateWorkflowExecution=false") as env:
+        yield env
+
+
+@pytest_asyncio.fixture
+async def temporal_env_one_partition():
+    """A dev server of its own whose task queues have one partition (the default is four, and a
+    task's priority orders it within its partition): there the order is exact."""
+    async with await dev_server_of_its_own("matching.numTaskqueueReadPartitions=1",
+                                           "matching.numTaskqueueWritePartitions=1") as env:
         yield env
 
 
@@ -437,6 +462,55 @@ async def requests_received(budget: WorkflowHandle) -> list[str]:
         elif event.HasField("workflow_execution_signaled_event_attributes"):
             received.append(f"signal {event.workflow_execution_signaled_event_attributes.signal_name}")
     return [r for r in received if r.endswith(("ask_lease", "request_lease"))]
+
+
+# --- the budget's priority on the task queue ---------------------------------------------------
+
+
+async def test_the_budgets_tasks_go_ahead_of_a_backlog_of_incidents_tasks(temporal_env_one_partition):
+    """Every incident waits for the budget's answer before its first signal, so the budget's tasks
+    must not queue behind a storm's incidents' tasks (behind 1,000, one waited 110 s)."""
+    policy = BudgetPolicy(max_nodes=20)
+    f = new_fleet(temporal_env_one_partition, policy)
+    incidents = [await f.start(f.plan(n, hold_seconds=0.05)) for n in range(20)]  # nobody polls yet
+    ensuring = asyncio.create_task(ensure_fleet_budget(f.client, policy, f.task_queue, f.budget_id))
+
+    async def budget_started() -> bool:
+        with suppress(RPCError):
+            return bool(await f.budget.describe())
+        return False
+
+    await wait_async(budget_started, 10, "the budget to start")
+    async with f.worker(max_concurrent_workflow_tasks=2):
+        await asyncio.wait_for(ensuring, 30)
+        results = await asyncio.wait_for(results_of(incidents), 60)
+        first_tasks = {handle.id: await first_task_started(handle) for handle in [f.budget, *incidents]}
+        await f.end_budget()
+
+    assert all(r.held.granted for r in results)
+    assert first_tasks.pop(f.budget_id) <= min(first_tasks.values())
+
+
+async def test_a_budget_started_before_priorities_gets_its_priority_when_a_worker_starts(temporal_env):
+    policy = BudgetPolicy()
+    async with fleet(temporal_env, policy) as f:
+        # As a version before BUDGET_PRIORITY started it: with the default key, kept across continue-as-new.
+        await f.client.start_workflow(FleetBudgetWorkflow.run, FleetBudgetInput(policy=policy), id=f.budget_id,
+                                      task_queue=f.task_queue)
+        assert await priority_key_of(f.budget) == 0  # unset: the server's default, 3
+        await ensure_fleet_budget(f.client, policy, f.task_queue, f.budget_id)
+        assert await priority_key_of(f.budget) == BUDGET_PRIORITY.priority_key
+
+
+async def priority_key_of(handle: WorkflowHandle) -> int:
+    return (await handle.describe()).raw_description.workflow_execution_info.priority.priority_key
+
+
+async def first_task_started(handle: WorkflowHandle) -> datetime:
+    async for event in handle.fetch_history_events():
+        if event.HasField("workflow_task_started_event_attributes"):
+            return event.event_time.ToDatetime()
+    raise AssertionError(f"{handle.id} never started a workflow task")
 
 
 # --- the budget's other limits ----------------------------------------------------------------
@@ -639,6 +713,7 @@ async def test_continue_as_new_keeps_holders_waiters_lemons_and_the_timeline(tem
             # Returns of leases it does not know: each changes nothing but adds to the history.
             await f.budget.signal(FleetBudgetWorkflow.release_lease, LeaseRelease(incident_id="unknown"))
         assert (await f.budget.describe()).run_id != first_run
+        assert await priority_key_of(f.budget) == BUDGET_PRIORITY.priority_key
         assert [h.incident_id for h in status.holders] == [f.plan(0).incident_id]
         assert sorted(w.incident_id for w in status.waiting) == sorted(
             [f.plan(1).incident_id] + [f.plan(n, node="gpu-9").incident_id for n in (2, 3)])
