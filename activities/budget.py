@@ -156,9 +156,9 @@ async def ensure_fleet_budget(client: Client, policy: BudgetPolicy, task_queue: 
 
 async def _give_budget_priority(client: Client, workflow_id: str) -> None:
     """A budget started by a version before BUDGET_PRIORITY has the default key, and would keep it
-    across every continue-as-new. A server that cannot change it (before 1.28, or Temporal's
-    time-skipping test server) leaves the budget as it is: slower to answer under a storm, but
-    correct."""
+    across every continue-as-new. A server that cannot change it (one without task-queue priority,
+    or Temporal's time-skipping test server) leaves the budget as it is: slower to answer under a
+    storm, but correct."""
     running = client.get_workflow_handle(workflow_id)
     priority = (await running.describe()).raw_description.workflow_execution_info.priority
     if priority.priority_key == BUDGET_PRIORITY.priority_key:
