@@ -150,11 +150,11 @@ async def ensure_fleet_budget(client: Client, policy: BudgetPolicy, task_queue: 
                                        **_starting_budget(workflow_id, task_queue))
     status = await client.execute_update_with_start_workflow(FleetBudgetWorkflow.set_policy, policy,
                                                              start_workflow_operation=start)
-    await _give_budget_priority(client, workflow_id)
+    await give_budget_priority(client, workflow_id)
     return status
 
 
-async def _give_budget_priority(client: Client, workflow_id: str) -> None:
+async def give_budget_priority(client: Client, workflow_id: str) -> None:
     """A budget started by a version before BUDGET_PRIORITY has the default key, and would keep it
     across every continue-as-new. The key only makes the budget answer sooner under a storm: a
     server that will not change it (one without task-queue priority, Temporal's time-skipping test

@@ -17,6 +17,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import logging
 import sys
 import time
 import uuid
@@ -50,7 +51,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from activities.audit import write_audit, write_audit_lines
 from activities.budget import (
     BUDGET_PRIORITY, LEASE_UPDATE_WITHIN, BudgetActivities, ensure_fleet_budget, fleet_budget_status,
-    release_quarantine)
+    give_budget_priority, release_quarantine)
 from activities.notify import NotifyActivities
 from activities.telemetry import TelemetryActivities
 from observability.metrics import RecoveryMetrics
@@ -512,6 +513,18 @@ async def test_a_budget_started_before_priorities_gets_its_priority_when_a_worke
         assert await priority_key_of(f.budget) == 0  # unset: the server's default, 3
         await ensure_fleet_budget(f.client, policy, f.task_queue, f.budget_id)
         assert await priority_key_of(f.budget) == BUDGET_PRIORITY.priority_key
+
+
+async def test_a_server_that_will_not_change_the_budgets_priority_leaves_it_with_a_warning(time_skipping_env, caplog):
+    """The key only speeds the budget up: a server that refuses to set it (here the time-skipping
+    test server, which lacks the call) must not stop a worker from starting."""
+    f = new_fleet(time_skipping_env, BudgetPolicy())
+    await f.client.start_workflow(FleetBudgetWorkflow.run, FleetBudgetInput(policy=BudgetPolicy()), id=f.budget_id,
+                                  task_queue=f.task_queue)  # no worker needed: the server ends with the test
+    with caplog.at_level(logging.WARNING, logger="activities.budget"):
+        await give_budget_priority(f.client, f.budget_id)
+    assert f"the fleet budget {f.budget_id} keeps its task-queue priority" in caplog.text
+    assert "UNIMPLEMENTED" in caplog.text
 
 
 async def priority_key_of(handle: WorkflowHandle) -> int:
