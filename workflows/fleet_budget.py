@@ -188,22 +188,40 @@ class FleetBudgetWorkflow:
     async def run(self, inp: FleetBudgetInput) -> None:
         workflow.set_current_details(f"Fleet disruption budget: at most {self._ledger.policy.max_nodes} "
                                      "nodes under remediation at once")
-        while True:
-            await self._sleep_until_needed()
-            self._decided(self._ledger.expire_overdue(workflow.now()))
-            if self._next_holder_check is not None and workflow.now() >= self._next_holder_check:
-                await self._check_holders()
-            await self._tell_incidents()
-            await self._send_notifications()
-            self._audit.write_held()  # after the answers: their workflow task waited for no line
-            await self._report_in_use()
-            if self._history_is_long():
-                await self._audit.flush()
-                await workflow.wait_condition(workflow.all_handlers_finished)
-                # Handlers may have run during those waits: continue as new only with nothing in flight.
-                if not (self._to_tell or self._to_notify or self._audit.pending):
-                    state = self._ledger.compacted(workflow.now())
-                    workflow.continue_as_new(FleetBudgetInput(policy=state.policy, state=state))
+        acting: asyncio.Future[None] | None = None
+        try:
+            while True:
+                await self._sleep_until_needed()
+                # Shielded: see below.
+                acting = asyncio.ensure_future(self._act_on_decisions())
+                await asyncio.shield(acting)
+        except asyncio.CancelledError:
+            # Cancelled (by an operator, or a test): end once what was decided is sent and written.
+            # Cancelled midway, temporalio 1.35 would cancel the signals in flight too, and when a
+            # signal's result came in the same workflow task as the cancellation, it asks Temporal's
+            # core to cancel a finished signal: every workflow task of the budget then fails
+            # ("Invalid transition in state machine"), and the budget neither ends nor answers
+            # again. An audit line written after the cancellation fails the task too.
+            if acting is not None:
+                await acting
+            await self._audit.flush()
+            raise
+
+    async def _act_on_decisions(self) -> None:
+        self._decided(self._ledger.expire_overdue(workflow.now()))
+        if self._next_holder_check is not None and workflow.now() >= self._next_holder_check:
+            await self._check_holders()
+        await self._tell_incidents()
+        await self._send_notifications()
+        self._audit.write_held()  # after the answers: their workflow task waited for no line
+        await self._report_in_use()
+        if self._history_is_long():
+            await self._audit.flush()
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            # Handlers may have run during those waits: continue as new only with nothing in flight.
+            if not (self._to_tell or self._to_notify or self._audit.pending):
+                state = self._ledger.compacted(workflow.now())
+                workflow.continue_as_new(FleetBudgetInput(policy=state.policy, state=state))
 
     def _decided(self, events: list[TimelineEvent], answered: str | None = None) -> None:
         """Audit every decision, queue what incidents and the webhook must hear (but not the

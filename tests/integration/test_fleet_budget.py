@@ -14,6 +14,7 @@ time-skipping server lost updates, skipped no more time, or skipped past what th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -40,7 +41,15 @@ from temporalio import activity, workflow
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import (
+    Client,
+    Interceptor,
+    OutboundInterceptor,
+    StartWorkflowInput,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+)
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
@@ -434,6 +443,66 @@ async def test_a_lease_update_not_answered_in_time_goes_as_a_signal(temporal_env
     assert answer is None
     assert received == ["gpu-1"]
     assert LEASE_UPDATE_WITHIN <= waited < LEASE_UPDATE_WITHIN + 10
+
+
+async def test_a_request_that_loses_the_race_to_start_the_budget_reaches_it_by_signal(temporal_env):
+    """Two incidents' first requests with no budget running both go as signal-with-start; Temporal's
+    test server answered the slower one 'already started' (2 in 200 such starts, 10 at a time), and
+    its request_lease failed: in CI, a test's budget then did not end when cancelled."""
+    f = new_fleet(temporal_env, BudgetPolicy())
+    client = Client(**{**temporal_env.client.config(), "interceptors": [LosingTheRaceToStartTheBudget()]})
+    budget = BudgetActivities(client, BudgetPolicy(), f.task_queue, workflow_id=f.budget_id)
+    req = LeaseRequest(incident_id=f"gpu-1-{f.budget_id}", node="gpu-1", workflow_id="incident-gpu-1",
+                       run_id=str(uuid.uuid4()), partitions=[], running_jobs=0)
+    async with f.worker():
+        try:
+            answer = await asyncio.wait_for(ActivityEnvironment().run(budget.request_lease, req), 30)
+            granted = await f.wait_for(TimelineKind.GRANTED)
+        finally:
+            await f.end_budget()
+    assert answer is None  # its answer comes by signal
+    assert [e.incident_id for e in granted] == [req.incident_id]
+
+
+async def test_a_budget_cancelled_while_it_tells_an_incident_ends_with_its_decisions_written(
+        temporal_env, audit_file):
+    """An operator may cancel the budget (the next request or worker starts a new one). Cancelled
+    as it signalled an incident, the budget's workflow tasks failed from then on, in 5 of 6 tries
+    ("Invalid transition in state machine": the signal's result and the cancellation came in one
+    workflow task), and it never ended. Three tries here, each cancelled as soon as it granted."""
+    f = new_fleet(temporal_env, BudgetPolicy())
+    async with f.worker():
+        for attempt in range(3):
+            req = LeaseRequest(incident_id=f"gpu-1-{f.budget_id}-{attempt}", node="gpu-1",
+                               workflow_id=f"incident-gone-{uuid.uuid4()}", run_id=str(uuid.uuid4()), running_jobs=0)
+            budget = await f.client.start_workflow(
+                FleetBudgetWorkflow.run, FleetBudgetInput(policy=BudgetPolicy()), id=f.budget_id,
+                task_queue=f.task_queue, start_signal="request_lease", start_signal_args=[req])
+            await f.wait_for(TimelineKind.GRANTED)
+            await f.end_budget()
+            failed_tasks = [event async for event in budget.fetch_history_events()
+                            if event.HasField("workflow_task_failed_event_attributes")]
+            assert (await budget.describe()).status == WorkflowExecutionStatus.CANCELED
+            assert not failed_tasks, failed_tasks
+            granted = [line for line in audit_lines(audit_file) if line["action"] == "lease_granted"]
+            assert [line["incident"] for line in granted][-1] == req.incident_id
+
+
+class LosingTheRaceToStartTheBudget(Interceptor):
+    """A client whose signal-with-start loses a race to start the budget, as Temporal's test server
+    tells it: the other request has started the budget (for real, here), and this one hears
+    'already started'."""
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        return _LosingTheRace(next)
+
+
+class _LosingTheRace(OutboundInterceptor):
+    async def start_workflow(self, input: StartWorkflowInput) -> WorkflowHandle:
+        if input.start_signal is None:
+            return await super().start_workflow(input)
+        await super().start_workflow(dataclasses.replace(input, start_signal=None, start_signal_args=[]))
+        raise WorkflowAlreadyStartedError(input.id, "FleetBudgetWorkflow")
 
 
 async def request_lease_of(env, budget_class) -> tuple[LeaseState | None, list[str], float]:
