@@ -21,6 +21,8 @@ from contracts.audit import ActorKind
 from contracts.models import Actor, Contract, NodeName, OperatorDecision
 
 IncidentId = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\n\r]+$")]
+# A Temporal run id: a UUID, as the server writes it.
+RUN_ID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 PartitionName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
 Fraction = Annotated[float, Field(gt=0, le=1)]
 
@@ -95,7 +97,9 @@ class LeaseRequest(Contract):
     incident_id: IncidentId
     node: NodeName
     workflow_id: str = Field(min_length=1, description="the incident's workflow: where grants are signalled")
-    run_id: str = Field(min_length=1, description="its run: a closed run loses its lease")
+    # Checked here: the budget signals this run, and Temporal refuses a malformed run id in a way
+    # that fails every workflow task of the budget after (BadSignalWorkflowExecutionAttributes).
+    run_id: str = Field(pattern=RUN_ID_PATTERN, description="its run (a UUID): a closed run loses its lease")
     partitions: list[PartitionShare] = Field(default_factory=list)
     running_jobs: int = Field(ge=0, description="jobs the remediation will disrupt")
     approval: OperatorDecision | None = Field(

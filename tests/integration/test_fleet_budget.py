@@ -488,6 +488,32 @@ async def test_a_budget_cancelled_while_it_tells_an_incident_ends_with_its_decis
             assert [line["incident"] for line in granted][-1] == req.incident_id
 
 
+async def test_a_request_naming_a_malformed_run_is_dropped_and_the_budget_answers_the_next(temporal_env):
+    """Sent by hand (`temporal workflow signal`), a request whose run id is no UUID was granted, and
+    telling that run of it failed every workflow task of the budget after: Temporal refuses the
+    signal's command (BadSignalWorkflowExecutionAttributes). The contract refuses it now, and the
+    budget drops the signal."""
+    f = new_fleet(temporal_env, BudgetPolicy())
+    good = LeaseRequest(incident_id=f"gpu-2-{f.budget_id}", node="gpu-2", workflow_id=f"incident-gone-{uuid.uuid4()}",
+                        run_id=str(uuid.uuid4()), running_jobs=0)
+    malformed = {**good.model_dump(mode="json"), "incident_id": f"gpu-1-{f.budget_id}", "node": "gpu-1", "run_id": "r1"}
+    with pytest.raises(ValueError, match="run_id"):
+        LeaseRequest.model_validate(malformed)
+    async with f.worker():
+        budget = await f.client.start_workflow(
+            FleetBudgetWorkflow.run, FleetBudgetInput(policy=BudgetPolicy()), id=f.budget_id,
+            task_queue=f.task_queue, start_signal="request_lease", start_signal_args=[malformed])
+        try:
+            await budget.signal(FleetBudgetWorkflow.request_lease, good)
+            granted = await f.wait_for(TimelineKind.GRANTED)
+            failed_tasks = [event async for event in budget.fetch_history_events()
+                            if event.HasField("workflow_task_failed_event_attributes")]
+        finally:
+            await f.end_budget()
+    assert [e.incident_id for e in granted] == [good.incident_id]
+    assert not failed_tasks, failed_tasks
+
+
 class LosingTheRaceToStartTheBudget(Interceptor):
     """A client whose signal-with-start loses a race to start the budget, as Temporal's test server
     tells it: the other request has started the budget (for real, here), and this one hears
@@ -510,8 +536,8 @@ async def request_lease_of(env, budget_class) -> tuple[LeaseState | None, list[s
     budget took by signal (their nodes), and the seconds the activity took."""
     task_queue, budget_id = f"budget-{uuid.uuid4()}", f"fleet-budget-{uuid.uuid4().hex[:8]}"
     budget = BudgetActivities(env.client, BudgetPolicy(), task_queue, workflow_id=budget_id)
-    req = LeaseRequest(incident_id=f"gpu-1-{budget_id}", node="gpu-1", workflow_id="incident-gpu-1", run_id="r1",
-                       partitions=[], running_jobs=0)
+    req = LeaseRequest(incident_id=f"gpu-1-{budget_id}", node="gpu-1", workflow_id="incident-gpu-1",
+                       run_id=str(uuid.uuid4()), partitions=[], running_jobs=0)
     async with Worker(env.client, task_queue=task_queue, workflows=[budget_class]):
         stand_in = await env.client.start_workflow(budget_class.run, FleetBudgetInput(policy=BudgetPolicy()),
                                                    id=budget_id, task_queue=task_queue)

@@ -25,6 +25,8 @@ from workflows.budget_ledger import BudgetLedger
 
 T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
 DAY = timedelta(days=1)
+# Two runs of one incident workflow (Temporal run ids are UUIDs).
+RUN_1, RUN_2 = "01a235d6-a272-7148-8dcd-44cdcaff4c45", "01a235d6-a272-7148-8dcd-44cdcaff4c46"
 
 
 def ledger(**policy) -> BudgetLedger:
@@ -32,7 +34,7 @@ def ledger(**policy) -> BudgetLedger:
 
 
 def request(n: int, node: str | None = None, jobs: int = 0, partitions: dict[str, int] | None = None,
-            incident: str | None = None, run_id: str = "run-1") -> LeaseRequest:
+            incident: str | None = None, run_id: str = RUN_1) -> LeaseRequest:
     node = node or f"gpu-{n}"
     return LeaseRequest(
         incident_id=incident or f"{node}-incident-{n}", node=node, workflow_id=f"node-recovery-{node}", run_id=run_id,
@@ -130,9 +132,9 @@ def test_a_repeated_request_gets_the_same_lease_never_a_second():
 
 def test_a_reset_incident_keeps_its_lease_under_its_new_run():
     book = ledger()
-    ask(book, request(1, run_id="run-1"))
-    assert ask(book, request(1, run_id="run-2")).run_id == "run-2"
-    book.drop_closed([HolderRef(incident_id="gpu-1-incident-1", workflow_id="node-recovery-gpu-1", run_id="run-1")], T0)
+    ask(book, request(1, run_id=RUN_1))
+    assert ask(book, request(1, run_id=RUN_2)).run_id == RUN_2
+    book.drop_closed([HolderRef(incident_id="gpu-1-incident-1", workflow_id="node-recovery-gpu-1", run_id=RUN_1)], T0)
     assert book.lease_state("gpu-1-incident-1").granted  # the old run's closing does not take it
 
 
