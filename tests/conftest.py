@@ -4,6 +4,7 @@ one per test."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import sys
@@ -67,6 +68,34 @@ def slurm_cluster(local_stack: LocalStack):
     cluster = local_stack.start_slurm()
     yield cluster
     local_stack.stop_slurm()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A test stopped by pytest-timeout leaves its coroutine pending on the session's event loop.
+    Cancel it now, while its fixtures still run, and let its clean-up run (its workers stop, its
+    budget ends): left to the loop's closing at the session's end, that clean-up called a Temporal
+    server stopped long before, and pytest never ended (checked on a hanging test)."""
+    try:
+        return (yield)
+    except BaseException:
+        _cancel_left_behind(pyfuncitem)
+        raise
+
+
+def _cancel_left_behind(pyfuncitem) -> None:
+    """Only the test's own task, found by its code (pytest-asyncio wraps the test function):
+    cancelling the tasks it started as well stopped its worker's pollers before the clean-up that
+    needs them, and that clean-up never ended."""
+    test_code = getattr(getattr(pyfuncitem.obj, "__wrapped__", None), "__code__", None)
+    if test_code is None:  # not an async test: nothing of it is left on the loop
+        return
+    loop = asyncio.get_event_loop_policy().get_event_loop()
+    left = [task for task in asyncio.all_tasks(loop) if getattr(task.get_coro(), "cr_code", None) is test_code]
+    for task in left:
+        task.cancel()
+    if left:
+        loop.run_until_complete(asyncio.wait(left, timeout=60))
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)
