@@ -289,6 +289,11 @@ async def results_of(handles: list[WorkflowHandle]) -> list:
     return [await handle.result() for handle in handles]
 
 
+async def failed_workflow_tasks(budget: WorkflowHandle) -> list:
+    return [event async for event in budget.fetch_history_events()
+            if event.HasField("workflow_task_failed_event_attributes")]
+
+
 def audit_lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -480,8 +485,7 @@ async def test_a_budget_cancelled_while_it_tells_an_incident_ends_with_its_decis
                 task_queue=f.task_queue, start_signal="request_lease", start_signal_args=[req])
             await f.wait_for(TimelineKind.GRANTED)
             await f.end_budget()
-            failed_tasks = [event async for event in budget.fetch_history_events()
-                            if event.HasField("workflow_task_failed_event_attributes")]
+            failed_tasks = await failed_workflow_tasks(budget)
             assert (await budget.describe()).status == WorkflowExecutionStatus.CANCELED
             assert not failed_tasks, failed_tasks
             granted = [line for line in audit_lines(audit_file) if line["action"] == "lease_granted"]
@@ -506,8 +510,7 @@ async def test_a_request_naming_a_malformed_run_is_dropped_and_the_budget_answer
         try:
             await budget.signal(FleetBudgetWorkflow.request_lease, good)
             granted = await f.wait_for(TimelineKind.GRANTED)
-            failed_tasks = [event async for event in budget.fetch_history_events()
-                            if event.HasField("workflow_task_failed_event_attributes")]
+            failed_tasks = await failed_workflow_tasks(budget)
         finally:
             await f.end_budget()
     assert [e.incident_id for e in granted] == [good.incident_id]
@@ -943,8 +946,7 @@ async def test_an_answer_owed_for_a_lease_the_ledger_has_forgotten_is_skipped(te
     async with budget_alone(temporal_env.client, task_queue, policy, budget_id):
         status = await wait_async(all_returned(budget), 30, "the budget to take every lease back")
         forgotten = await budget.query(FleetBudgetWorkflow.lease, requests[0].incident_id)
-        failed = [event async for event in budget.fetch_history_events()
-                  if event.HasField("workflow_task_failed_event_attributes")]
+        failed = await failed_workflow_tasks(budget)
         await budget.cancel()
     assert status.holders == [] and forgotten is None and not failed, failed
 
