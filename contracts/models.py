@@ -64,6 +64,8 @@ class FaultClassification(Contract):
 
 # --- alerts and workflow input ----------------------------------------------------------------
 
+MAX_DIGEST_SAMPLE = 20  # alerts (and sources) in one AlertDigest
+
 
 class NodeFailureAlert(Contract):
     """One report that a node's GPU failed, from any source (CLI, drill, hooks)."""
@@ -80,6 +82,16 @@ class NodeFailureAlert(Contract):
     observed_on: NodeName | None = Field(
         None, description="where the symptom was seen, when not on `node`: a peer of the failed node "
         "whose alert (NVLink, NCCL timeout) was correlated to this node's incident")
+
+
+class AlertDigest(Contract):
+    """Alerts for a running incident beyond what the hook hands over in full: a sample (the latest
+    of each source) and how many more each source sent. A flood costs the incident's history one
+    small digest per interval, not one alert body per alert (docs/alert-hooks.md, "Floods")."""
+
+    alerts: Annotated[list[NodeFailureAlert], Field(max_length=MAX_DIGEST_SAMPLE)] = Field(default_factory=list)
+    omitted: dict[Annotated[str, Field(min_length=1, max_length=64)], Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict, description="per source: alerts counted, not sent", max_length=MAX_DIGEST_SAMPLE)
 
 
 # Destructive steps an operator may be asked to approve first: requeueing the jobs (their
@@ -474,7 +486,8 @@ class IncidentStatus(Contract):
     phase: str
     xid: int | None
     fault_class: FaultClass | None
-    alerts: list[NodeFailureAlert]
+    alerts: list[NodeFailureAlert] = Field(description="the first and last few alerts of each source")
+    alert_counts: dict[str, int] = Field(default_factory=dict, description="alerts absorbed, per source")
     phases: list[Phase]
     actions: list[ActionRecord]
     outcome: str | None = None
@@ -517,7 +530,9 @@ class IncidentReport(Contract):
     latest_complete_step: int | None = None
     skipped_checkpoints: list[SkippedCheckpoint] = Field(default_factory=list)
     jobs: list[JobReport] = Field(default_factory=list)
-    alerts: list[NodeFailureAlert] = Field(default_factory=list)
+    alerts: list[NodeFailureAlert] = Field(
+        default_factory=list, description="the first and last few alerts of each source")
+    alert_counts: dict[str, int] = Field(default_factory=dict, description="alerts absorbed, per source")
     actions: list[ActionRecord] = Field(default_factory=list)
     decisions: list[DecisionRecord] = Field(default_factory=list)
     return_to_service: str | None = Field(

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from contracts.models import (
         ActionContext,
         ActionRecord,
+        AlertDigest,
         ApplicationXidCountRequest,
         ApprovalGate,
         ApprovalRequest,
@@ -83,6 +84,7 @@ with workflow.unsafe.imports_passed_through():
         failed_for_good,
         failing_as_activity,
     )
+    from workflows.alert_log import AlertLog
     from workflows.audit_trail import AuditTrail
     from workflows.budget_lease import LEASE_STATE_SIGNAL, BUDGET_CALL, BudgetLease
     from workflows.notify import notify
@@ -120,11 +122,12 @@ def incident_workflow_id(node: str) -> str:
 
 @workflow.defn
 class NodeRecoveryWorkflow:
-    def __init__(self) -> None:
+    @workflow.init
+    def __init__(self, req: RecoveryRequest) -> None:
         self._incident_id = ""
-        self._node = ""
+        self._node = req.node  # known before the first signal: only this node's alerts are kept
         self._phase = "starting"
-        self._alerts: list[NodeFailureAlert] = []
+        self._alerts = AlertLog()
         self._phases: list[Phase] = []
         self._actions: list[ActionRecord] = []
         self._classification: FaultClassification | None = None
@@ -151,11 +154,16 @@ class NodeRecoveryWorkflow:
     @workflow.signal
     def alerts(self, alerts: list[NodeFailureAlert]) -> None:
         """Several alerts at once, as a hook batches them during a storm."""
-        for alert in alerts:
-            if alert.node == self._node or not self._node:
-                self._alerts.append(alert)
-            else:
-                workflow.logger.warning("ignored an alert for %s sent to the incident of %s", alert.node, self._node)
+        self.alert_digest(AlertDigest.model_construct(alerts=alerts, omitted={}))
+
+    @workflow.signal
+    def alert_digest(self, digest: AlertDigest) -> None:
+        """A flood's alerts, as the hook sends them past the first ones: a sample and counts."""
+        ignored = {a.node for a in digest.alerts if a.node != self._node}
+        if ignored:
+            workflow.logger.warning("ignored alerts for %s sent to the incident of %s", sorted(ignored), self._node)
+            digest = digest.model_copy(update={"alerts": [a for a in digest.alerts if a.node == self._node]})
+        self._alerts.add_digest(digest)
 
     @workflow.signal(name=LEASE_STATE_SIGNAL)
     def fleet_budget_lease_state(self, state: LeaseState) -> None:
@@ -209,9 +217,10 @@ class NodeRecoveryWorkflow:
             incident_id=self._incident_id,
             node=self._node,
             phase=self._phase,
-            xid=self._alerts[0].xid if self._alerts else None,
+            xid=self._alerts.first.xid if self._alerts.first else None,
             fault_class=self._classification.fault_class if self._classification else None,
-            alerts=self._alerts,
+            alerts=self._alerts.kept(),
+            alert_counts=self._alerts.counts(),
             phases=self._phases,
             actions=self._actions,
             outcome=self._outcome,
@@ -381,15 +390,14 @@ class NodeRecoveryWorkflow:
         # Before the incident's first command, where the two paths part.
         self._fewer_round_trips = workflow.patched(FEWER_ROUND_TRIPS)
         self._fence_in_one_task = workflow.patched(FENCE_IN_ONE_TASK)
-        self._node = req.node
-        self._alerts = [a for a in self._alerts if a.node == req.node]
         # The fence's local activities carry the incident id to Slurm before the first workflow task
         # is recorded: a worker that dies in that task leaves the next to run it again, at a later
         # now(). The run's start time is the same in every attempt; runs begun before keep now().
         opened = workflow.info().workflow_start_time if self._fence_in_one_task else workflow.now()
         self._incident_id = f"{req.node}-{opened:%Y%m%dT%H%M%SZ}"
-        await workflow.wait_condition(lambda: bool(self._alerts))
-        first = self._alerts[0]
+        await workflow.wait_condition(lambda: self._alerts.first is not None)
+        first = self._alerts.first
+        assert first is not None
         policy = req.policy
         self._indexed = policy.search_attributes
         self._index([sa.NODE.value_set(req.node), sa.XID.value_set(first.xid)]
@@ -821,7 +829,8 @@ class NodeRecoveryWorkflow:
         return build_report(
             incident_id=self._incident_id, node=self._node, classification=self._classification,
             action=action, outcome=outcome, failure_at=first.observed_at, phases=self._phases,
-            jobs=self._jobs, verifications=verifications, spare=spare, alerts=self._alerts, actions=self._actions,
+            jobs=self._jobs, verifications=verifications, spare=spare, alerts=self._alerts.kept(), alert_counts=self._alerts.counts(),
+            actions=self._actions,
             decisions=self._decisions, return_to_service=self._return_to_service,
         )
 

@@ -70,6 +70,7 @@ def build_report(
     verifications: list[JobVerification],
     spare: SpareResult | None,
     alerts: list[NodeFailureAlert],
+    alert_counts: dict[str, int],
     actions: list[ActionRecord],
     decisions: list[DecisionRecord] | None = None,
     return_to_service: str | None = None,
@@ -79,7 +80,7 @@ def build_report(
     report = IncidentReport(
         incident_id=incident_id, node=node, xid=classification.xid, fault_class=classification.fault_class,
         action=action, outcome=outcome, failure_at=failure_at, phases=phases, jobs=job_reports,
-        alerts=alerts, actions=[a for a in actions if a.executed], decisions=decisions or [],
+        alerts=alerts, alert_counts=alert_counts, actions=[a for a in actions if a.executed], decisions=decisions or [],
         return_to_service=return_to_service,
         intended_actions=[a for a in actions if not a.executed], dry_run=any(not a.executed for a in actions),
     )

@@ -16,6 +16,14 @@ For each alert, in order:
 Hand-over: one lane per node. While a hand-over for a node is in flight, that node's new alerts
 wait and go together in the next one, so a storm costs one Temporal call per node per round trip,
 not one per alert. Each caller is answered once its own alerts are in Temporal.
+
+Floods: past the first `full_alerts_per_incident` alerts handed to a running incident, the node's
+alerts are counted here and answered at once ("counted"), and the incident hears of them in
+digests (the latest alert of each source and the count of the rest) at most once per interval,
+the interval doubling while the flood goes on; past `max_digests_per_incident` digests, the hook
+only counts. So what a sender can add to an incident's history is bounded, however much or long it
+sends (a flood once grew one to Temporal's limit, and the server terminated the incident). A hook
+that stops loses the counts not yet sent: never an alert that could open an incident.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
-from contracts.models import NodeFailureAlert, utc_now
+from contracts.models import MAX_DIGEST_SAMPLE, AlertDigest, NodeFailureAlert, utc_now
 from starter.hooks.correlation import (
     IncidentDirectory,
     Snapshot,
@@ -58,6 +66,9 @@ class Result:
     reason: str = ""
 
 
+COUNTED = "counted: the incident is flooded; it hears of this alert in its next digest"
+
+
 class IncidentEnded(Exception):
     """The node's last incident has ended (its workflow is closed); nothing was handed over."""
 
@@ -73,6 +84,9 @@ class Incidents(Protocol):
         """Hand the alerts to the node's running incident (cheaper than join_or_open): the run
         run_id (the one this hook handed alerts to last), or with None whichever runs.
         Raises IncidentEnded when that run has ended, or none is running."""
+
+    async def join_digest(self, node: str, digest: AlertDigest, run_id: str) -> None:
+        """Tell the node's running incident run_id of the alerts counted for it, as join does."""
 
     async def ended_at(self, node: str) -> datetime | None:
         """When the node's last incident ended; None while one is running, or if it never had one."""
@@ -93,11 +107,34 @@ class _Pending:
 
 
 @dataclass(slots=True)
+class _Digest:
+    """The alerts counted for a flooded incident since its last digest."""
+
+    run_id: str
+    latest: dict[str, _Pending] = field(default_factory=dict)  # per source
+    counted: Counter[str] = field(default_factory=Counter)  # per source, the latest included
+    sent: int = 0
+    interval: float = 0.0  # seconds; doubles with each digest sent
+    next_at: float = 0.0  # the event loop's time
+    flushing: bool = False
+
+    def take(self) -> AlertDigest:
+        sample = list(self.latest.values())[:MAX_DIGEST_SAMPLE]
+        omitted = Counter(self.counted)
+        omitted.subtract(p.alert.source for p in sample)
+        self.latest, self.counted = {}, Counter()
+        return AlertDigest(alerts=[p.alert for p in sample],
+                           omitted={source: n for source, n in omitted.most_common(MAX_DIGEST_SAMPLE) if n > 0})
+
+
+@dataclass(slots=True)
 class _Node:
     pending: list[_Pending] = field(default_factory=list)
     draining: bool = False
     run_id: str | None = None  # the incident this hook last handed alerts to
     ended_at: datetime | None = None  # when the node's last incident ended, as last seen
+    handed_in_full: int = 0  # alerts handed over to run_id in full
+    digest: _Digest | None = None  # run_id is flooded: its alerts are counted
 
     @property
     def has_incident(self) -> bool:
@@ -116,6 +153,10 @@ class IntakeLimits:
     max_batch: int = 200
     max_inflight: int = 64
     dedupe_size: int = 100_000
+    full_alerts_per_incident: int = 50
+    digest_interval: timedelta = timedelta(seconds=1)  # the first; then twice the one before
+    digest_interval_max: timedelta = timedelta(seconds=60)
+    max_digests_per_incident: int = 1000
 
 
 class Intake:
@@ -224,6 +265,9 @@ class Intake:
         state = self._nodes.get(node)
         if state is None:
             state = self._nodes[node] = _Node()
+        if state.digest is not None:
+            self._count(node, state.digest, _Pending(key, alert, outcome, future, decided))
+            return future
         state.pending.append(_Pending(key, alert, outcome, future, decided))
         if outcome is Outcome.ACCEPTED:
             news = self._own_incident_news.pop(node, None)
@@ -248,8 +292,68 @@ class Intake:
                     batch = state.pending[: self._limits.max_batch]
                     del state.pending[: len(batch)]
                     await self._deliver(node, state, batch)
+                if state.digest is not None:  # flooded now: the rest are counted
+                    waiting, state.pending = state.pending, []
+                    for p in waiting:
+                        self._count(node, state.digest, p)
         finally:
             state.draining = False
+
+    def _count(self, node: str, digest: _Digest, p: _Pending) -> None:
+        """A flooded incident's alert: answered now, told in the next digest."""
+        digest.latest[p.alert.source] = p
+        digest.counted[p.alert.source] += 1
+        p.future.set_result(Result(p.outcome, incident_workflow_id(node),
+                                   p.alert.reason if p.outcome is Outcome.CORRELATED else COUNTED))
+        if not digest.flushing:
+            digest.flushing = True
+            self._spawn(self._send_digests(node, digest))
+
+    async def _send_digests(self, node: str, digest: _Digest) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while digest.counted and self._nodes[node].digest is digest:
+                await asyncio.sleep(max(0.0, digest.next_at - loop.time()))
+                if digest.sent >= self._limits.max_digests_per_incident:
+                    if digest.sent == self._limits.max_digests_per_incident:
+                        log.warning("%s: %d digests sent to incident run %s; its further alerts are counted "
+                                    "on this hook only (alerts_counted_not_sent)", node, digest.sent, digest.run_id)
+                        digest.sent += 1
+                    self.outcomes["counted_not_sent"] += digest.counted.total()
+                    digest.latest, digest.counted = {}, Counter()
+                    return
+                await self._send_digest(node, digest)
+        finally:
+            digest.flushing = False
+
+    async def _send_digest(self, node: str, digest: _Digest) -> None:
+        sample = list(digest.latest.values())
+        told = digest.take()
+        try:
+            async with self._slots:
+                self.temporal_calls["digest"] += 1
+                await self._incidents.join_digest(node, told, digest.run_id)
+        except IncidentEnded:
+            # The counted alerts go the usual way: dropped if observed before the end, else a new incident.
+            state = self._nodes[node]
+            state.digest, state.run_id, state.handed_in_full = None, None, 0
+            for p in sample + list(digest.latest.values()):
+                # Answered already ("counted"): no caller awaits this hand-over.
+                self._enqueue(node, p.key, p.alert, p.outcome, p.decided).add_done_callback(_unawaited)
+            return
+        except Exception as e:  # Temporal unreachable: the counts go in a later digest
+            log.warning("%s: a digest of %d alerts was not handed over (%s); trying again", node,
+                        sum(told.omitted.values()) + len(told.alerts), e)
+            for p in sample:
+                digest.latest.setdefault(p.alert.source, p)
+            digest.counted.update(p.alert.source for p in sample)
+            digest.counted.update(told.omitted)
+        else:
+            digest.sent += 1
+        limits = self._limits
+        digest.interval = min(limits.digest_interval_max.total_seconds(),
+                              max(limits.digest_interval.total_seconds(), 2 * digest.interval))
+        digest.next_at = asyncio.get_running_loop().time() + digest.interval
 
     async def _deliver(self, node: str, state: _Node, batch: list[_Pending]) -> None:
         alerts = [p.alert for p in batch]
@@ -275,7 +379,12 @@ class Intake:
                 if not p.future.done():
                     p.future.set_exception(e)
             return
+        if run_id != state.run_id:
+            state.handed_in_full = 0
         state.run_id = run_id
+        state.handed_in_full += len(batch)
+        if run_id is not None and state.handed_in_full >= self._limits.full_alerts_per_incident:
+            state.digest = _Digest(run_id)
         incident = incident_workflow_id(node)
         for p in batch:
             # a correlated alert's answer says whose incident it joined and why, as its reason does
@@ -336,6 +445,11 @@ def _pass_on(target: asyncio.Future[Result]) -> Callable[[asyncio.Future[Result]
         else:
             target.set_result(source.result())
     return copy
+
+
+def _unawaited(future: asyncio.Future[Result]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: a failure was logged where it happened
 
 
 def _dropped(reason: str) -> Result:

@@ -12,13 +12,14 @@ ended can never start another recovery, and the common case costs one call.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from temporalio.client import Client
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import GrpcCompression, RPCError, RPCStatusCode
 
-from contracts.models import NodeFailureAlert, RecoveryPolicy
+from contracts.models import AlertDigest, NodeFailureAlert, RecoveryPolicy
 from starter.alerts import raise_alerts
 from starter.hooks.intake import IncidentEnded
 from workflows.node_recovery import NodeRecoveryWorkflow, incident_workflow_id
@@ -48,9 +49,15 @@ class TemporalIncidents:
         # Addressed to its run when known: the server then need not look up the current run (~7%
         # of its CPU per signal, measured), and an incident opened since by someone else is found
         # by the describe that follows IncidentEnded, as after any end.
+        await self._signal(node, run_id, NodeRecoveryWorkflow.alerts, alerts)
+
+    async def join_digest(self, node: str, digest: AlertDigest, run_id: str) -> None:
+        await self._signal(node, run_id, NodeRecoveryWorkflow.alert_digest, digest)
+
+    async def _signal(self, node: str, run_id: str | None, signal: Any, arg: object) -> None:
         handle = self._client.get_workflow_handle(incident_workflow_id(node), run_id=run_id)
         try:
-            await handle.signal(NodeRecoveryWorkflow.alerts, alerts)
+            await handle.signal(signal, arg)
         except RPCError as e:
             if e.status == RPCStatusCode.NOT_FOUND:  # "workflow execution already completed"
                 raise IncidentEnded(node) from e

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from contracts.models import NodeFailureAlert
+from contracts.models import AlertDigest, NodeFailureAlert
 from starter.hooks.correlation import RunningIncident, Snapshot
 from starter.hooks.intake import IncidentEnded
 
@@ -25,6 +25,7 @@ class RecordedRun:
     run_id: str
     alerts: list[NodeFailureAlert] = field(default_factory=list)
     ended_at: datetime | None = None
+    digests: list[AlertDigest] = field(default_factory=list)
 
 
 class RecordingIncidents:
@@ -50,6 +51,13 @@ class RecordingIncidents:
         if not runs or runs[-1].ended_at is not None:
             raise IncidentEnded(node)
         runs[-1].alerts.extend(alerts)
+
+    async def join_digest(self, node: str, digest: AlertDigest, run_id: str) -> None:
+        await self._call("join_digest", node, digest.alerts)
+        runs = [r for r in self.runs.get(node, []) if r.run_id == run_id]
+        if not runs or runs[-1].ended_at is not None:
+            raise IncidentEnded(node)
+        runs[-1].digests.append(digest)
 
     async def ended_at(self, node: str) -> datetime | None:
         await self._call("ended_at", node, [])

@@ -181,3 +181,61 @@ def test_alerts_that_differ_in_any_field_are_not_duplicates():
     a = alert()
     assert a == replace(a) and hash(a) == hash(replace(a))
     assert a != replace(a, message="other text")
+
+
+# --- floods: past the first alerts of a running incident, counts in digests ---------------------
+
+FLOOD = dict(full_alerts_per_incident=5, digest_interval=timedelta(milliseconds=20),
+             digest_interval_max=timedelta(milliseconds=80))
+
+
+async def until(check, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "not reached within the deadline"
+        await asyncio.sleep(0.005)
+
+
+async def test_a_flood_is_answered_at_once_and_told_to_the_incident_in_few_small_digests():
+    incidents = RecordingIncidents()
+    hook = intake(incidents, **FLOOD)
+    await hook.submit([alert(reason=f"line {i}") for i in range(5)])  # handed over in full
+    calls_before = len(incidents.calls)
+    for burst in range(20):
+        results = await hook.submit([alert(reason=f"flood {burst}.{i}", source=("kernel-log", "dcgm")[i % 2])
+                                     for i in range(500)])
+        assert {(r.outcome, r.incident) for r in results} == {(Outcome.ACCEPTED, "node-recovery-gpu-2")}
+        assert results[0].reason.startswith("counted")
+    run = incidents.runs["gpu-2"][0]
+    await until(lambda: sum(len(d.alerts) + sum(d.omitted.values()) for d in run.digests) == 10_000)
+    assert len(run.alerts) == 5  # in full: only the first ones
+    assert all(len(d.alerts) <= 2 for d in run.digests)  # the latest of each source
+    # 10,000 alerts cost a handful of calls, not one per alert or per request
+    assert len(incidents.calls) - calls_before == len(run.digests) <= 20
+    assert [c for c, _, _ in incidents.calls[calls_before:]] == ["join_digest"] * len(run.digests)
+
+
+async def test_digests_stop_at_the_cap_and_the_rest_is_counted_on_the_hook():
+    incidents = RecordingIncidents()
+    hook = intake(incidents, **FLOOD, max_digests_per_incident=2)
+    await hook.submit([alert(reason=f"line {i}") for i in range(5)])
+    for burst in range(6):
+        await hook.submit([alert(reason=f"flood {burst}.{i}") for i in range(10)])
+        await until(lambda: not hook._nodes["gpu-2"].digest.counted)  # sent, or counted only
+    assert len(incidents.runs["gpu-2"][0].digests) == 2
+    told = sum(len(d.alerts) + sum(d.omitted.values()) for d in incidents.runs["gpu-2"][0].digests)
+    assert told + hook.outcomes["counted_not_sent"] == 60
+
+
+async def test_counted_alerts_after_the_incident_ended_open_a_new_one():
+    incidents = RecordingIncidents()
+    hook = intake(incidents, **FLOOD)
+    await hook.submit([alert(reason=f"line {i}", ago=300) for i in range(5)])
+    incidents.end("gpu-2", NOW - timedelta(seconds=60))
+    await hook.submit([alert(reason="old", ago=100), alert(reason="after the end", ago=10)])
+    # the digest finds the run ended: the latest counted alert is decided again, and is newer
+    await until(lambda: len(incidents.runs["gpu-2"]) == 2)
+    assert [a.reason for a in incidents.runs["gpu-2"][1].alerts] == ["after the end"]
+    # the new incident's alerts go in full again
+    [fresh] = await hook.submit([alert(reason="next", ago=5)])
+    assert fresh.reason == "" and incidents.runs["gpu-2"][1].alerts[-1].reason == "next"

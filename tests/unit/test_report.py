@@ -53,7 +53,7 @@ def report(jobs, verifications, spare):
         incident_id="i", node="gpu-2",
         classification=FaultClassification(xid=79, fault_class=FaultClass.FATAL, policy_source="t"),
         action="recover", outcome="recovered", failure_at=T0, phases=[], jobs=jobs,
-        verifications=verifications, spare=spare, alerts=[], actions=[],
+        verifications=verifications, spare=spare, alerts=[], alert_counts={}, actions=[],
     )
 
 
