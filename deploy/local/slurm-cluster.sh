@@ -404,7 +404,9 @@ cmd_start() {
   for node in $(node_names); do start_node "$node"; done
   wait_until "nodes to register (see $BASE/log/node-*.out and slurmd-*.log)" 150 nodes_registered
   for node in $(spare_names); do
-    # a hot spare waits out of service until an incident brings it in
+    # A hot spare waits out of service until an incident brings it in; one an incident has claimed
+    # (its comment names the incident) is in service for good: a restart must not undo a recovery.
+    slurm scontrol show node -o "$node" 2>/dev/null | grep -q 'Comment=(null)' || continue
     slurm scontrol update NodeName="$node" State=DRAIN Reason="$SPARE_REASON" 2>/dev/null || true
   done
   local token api

@@ -182,3 +182,20 @@ def test_slurmrestd_serves_the_generations_api_versions(cluster):
     response.raise_for_status()
     versions = {m.group(1) for path in response.json()["paths"] if (m := re.match(r"/slurm/(v0\.0\.\d+)/", path))}
     assert versions == REST_VERSIONS[cluster.generation]
+
+
+def test_a_restart_leaves_a_spare_an_incident_brought_into_service_in_service(cluster):
+    """Issue #29: `recovery stack up` on a running cluster (and a restart of it) drained every
+    configured spare as standby, also one an incident had just brought into service."""
+    cluster.run("scontrol", "update", "NodeName=gpu-5", "Comment=recovery: spare for incident gpu-2-20261203T000000Z",
+                "State=RESUME")
+    poll(lambda: cluster.nodes()["gpu-5"][0] == "idle", 30, "the claimed spare to be in service")
+    try:
+        cluster.stack.start_slurm()  # up again, on a running cluster
+        assert cluster.nodes()["gpu-5"][0] == "idle"
+        cluster.stack.stop_slurm()
+        cluster.stack.start_slurm()  # a restart: slurmctld restores the node's state and comment
+        assert poll(lambda: cluster.nodes()["gpu-5"][0] == "idle", 30, "the claimed spare back in service")
+    finally:
+        # the spare on standby again, as the other tests expect it
+        cluster.run("scontrol", "update", "NodeName=gpu-5", "Comment=", "State=DRAIN", f"Reason={SPARE_REASON}")
