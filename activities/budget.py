@@ -8,7 +8,8 @@ expiry).
 
 Client calls (for the worker and the CLI): ensure_fleet_budget() at worker start-up, so that the
 running budget has the configured policy; release_quarantine() for
-`recovery release-quarantine NODE`; fleet_budget_status().
+`recovery release-quarantine NODE`; reset_breaker() for `recovery reset-breaker`;
+fleet_budget_status().
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from temporalio.exceptions import FailureError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from contracts.budget import (
+    BreakerReset,
     BudgetPolicy,
     BudgetStatus,
     FleetBudgetInput,
@@ -196,6 +198,21 @@ async def release_quarantine(client: Client, node: str, actor: str, reason: str,
         if err.status != RPCStatusCode.NOT_FOUND:
             raise
         raise ValueError(f"node {node} is not quarantined (no fleet budget is running)") from err
+
+
+async def reset_breaker(client: Client, actor: str, reason: str,
+                        workflow_id: str = FLEET_BUDGET_WORKFLOW_ID) -> BudgetStatus:
+    """An operator resets the tripped fence circuit breaker. ValueError when it is not tripped."""
+    handle = client.get_workflow_handle_for(FleetBudgetWorkflow.run, workflow_id)
+    try:
+        return await handle.execute_update(FleetBudgetWorkflow.reset_breaker, BreakerReset(actor=actor, reason=reason))
+    except WorkflowUpdateFailedError as err:
+        refusal = err.cause  # the budget's validator: the breaker is not tripped
+        raise ValueError(refusal.message if isinstance(refusal, FailureError) else str(err)) from err
+    except RPCError as err:
+        if err.status != RPCStatusCode.NOT_FOUND:
+            raise
+        raise ValueError("the fence circuit breaker is not tripped (no fleet budget is running)") from err
 
 
 async def fleet_budget_status(client: Client, workflow_id: str = FLEET_BUDGET_WORKFLOW_ID) -> BudgetStatus:

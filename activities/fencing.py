@@ -14,7 +14,7 @@ from temporalio import activity
 from contracts.audit import record
 from backends.slurm import NodeUpdate, SlurmClient, SlurmNotFound
 from backends.health import HealthCheck
-from contracts.budget import PartitionShare
+from contracts.budget import FenceScope, PartitionShare
 from contracts.models import ActionContext, NodeFenceResult, NodeRequest, RepairCheck, SlurmNode
 
 
@@ -58,11 +58,13 @@ class FencingActivities:
     @activity.defn
     async def partition_shares(self, node: str) -> list[PartitionShare]:
         """The node's Slurm partitions and their sizes now, for the fleet disruption budget."""
+        return _partitions_of(node, await self._slurm.list_nodes())
+
+    @activity.defn
+    async def fence_scope(self, node: str) -> FenceScope:
+        """The node's partitions and the cluster's size now, for the fence circuit breaker."""
         nodes = await self._slurm.list_nodes()
-        failed = next((n for n in nodes if n.name == node), None)
-        if failed is None:
-            raise SlurmNotFound(f"node {node} is not in this cluster")
-        return [PartitionShare(name=p, size=sum(p in n.partitions for n in nodes)) for p in failed.partitions]
+        return FenceScope(partitions=_partitions_of(node, nodes), fleet_nodes=len(nodes))
 
     @activity.defn
     async def drain_node(self, req: NodeRequest) -> NodeFenceResult:
@@ -108,3 +110,10 @@ class FencingActivities:
         returned = (await self._slurm.get_node(req.node)).in_service
         return RepairCheck(node=req.node, returned=returned, final=returned, action=action,
                            detail=action.detail if returned else "resumed; waiting for slurmctld to see it answer")
+
+
+def _partitions_of(node: str, nodes: list[SlurmNode]) -> list[PartitionShare]:
+    failed = next((n for n in nodes if n.name == node), None)
+    if failed is None:
+        raise SlurmNotFound(f"node {node} is not in this cluster")
+    return [PartitionShare(name=p, size=sum(p in n.partitions for n in nodes)) for p in failed.partitions]

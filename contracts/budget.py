@@ -30,6 +30,14 @@ Fraction = Annotated[float, Field(gt=0, le=1)]
 # --- the budget's policy ---------------------------------------------------------------------
 
 
+class PartitionShare(Contract):
+    """A Slurm partition the failed node belongs to, and its size when the incident asked."""
+
+    name: PartitionName
+    size: int = Field(ge=1, description="nodes in the partition")
+
+
+
 class BudgetPolicy(Contract):
     """How much of the fleet may be under remediation at once; set from configuration.
 
@@ -54,12 +62,32 @@ class BudgetPolicy(Contract):
     timeline_limit: int = Field(1000, ge=10, description="timeline events kept (the oldest are dropped)")
     history_limit: int = Field(
         10_000, ge=50, description="history events after which the budget continues as new")
-    notifications: bool = Field(False, description="send a notification when a node is quarantined")
+    notifications: bool = Field(False, description="send a notification when a node is quarantined "
+                                "or the fence circuit breaker trips")
+    # The fence circuit breaker (docs/safety.md): nodes fenced in a sliding window, before any drain.
+    # NVSentinel's breaker trips at a fraction of the cluster cordoned in a window (50 % in 5 minutes
+    # by default) and stays tripped until a person resets it; its users asked for an absolute cap too.
+    breaker_max_fences: int = Field(10, ge=1, description="nodes fenced per breaker window, fleet-wide")
+    breaker_fleet_fraction: Fraction = Field(0.5, description="of the cluster's nodes fenced per window")
+    breaker_partition_fraction: Fraction = Field(0.5, description="of each partition's nodes fenced per window")
+    breaker_window_seconds: float = Field(300.0, gt=0, description="the breaker's sliding window")
 
     def partition_share(self, partition: str, size: int) -> int:
         """Nodes of the partition that may be under remediation at once."""
-        fraction = Decimal(str(self.partition_fractions.get(partition, self.partition_fraction)))
-        return max(1, math.floor(fraction * size))
+        return _fraction_of(self.partition_fractions.get(partition, self.partition_fraction), size)
+
+
+    def fence_limits(self, partitions: list[PartitionShare], fleet_nodes: int) -> dict[str | None, int]:
+        """Nodes that may be fenced per breaker window, each at least 1: fleet-wide (key None: the
+        absolute cap, and the fraction of the cluster when its size is known) and per partition."""
+        fleet = self.breaker_max_fences
+        if fleet_nodes:
+            fleet = min(fleet, _fraction_of(self.breaker_fleet_fraction, fleet_nodes))
+        return {None: fleet} | {p.name: _fraction_of(self.breaker_partition_fraction, p.size) for p in partitions}
+
+
+def _fraction_of(fraction: float, size: int) -> int:
+    return max(1, math.floor(Decimal(str(fraction)) * size))
 
 
 def partition_fractions_from(text: str) -> dict[str, float]:
@@ -80,15 +108,21 @@ def partition_fractions_from(text: str) -> dict[str, float]:
 # --- leases -----------------------------------------------------------------------------------
 
 
-class PartitionShare(Contract):
-    """A Slurm partition the failed node belongs to, and its size when the incident asked."""
+class FenceScope(Contract):
+    """What the fence circuit breaker weighs a node against: its partitions and the cluster's size."""
 
-    name: PartitionName
-    size: int = Field(ge=1, description="nodes in the partition")
+    partitions: list[PartitionShare]
+    fleet_nodes: int = Field(ge=1, description="nodes in the cluster")
+
+
+class LeaseStage(StrEnum):
+    FENCE = "fence"  # before the drain: the fence circuit breaker
+    REMEDIATE = "remediate"  # before the first destructive step: the disruption budget
 
 
 class LeaseRequest(Contract):
-    """An incident asks to put its node under remediation (before its first destructive step).
+    """An incident asks to fence its node (stage fence, before the drain) and then to put it
+    under remediation (stage remediate, before its first destructive step).
 
     Keyed by incident_id: a repeated request (an activity retried after a crash) gets the same
     lease back, never a second one.
@@ -103,10 +137,15 @@ class LeaseRequest(Contract):
     partitions: list[PartitionShare] = Field(default_factory=list)
     running_jobs: int = Field(ge=0, description="jobs the remediation will disrupt")
     approval: OperatorDecision | None = Field(
-        None, description="an operator's approval to go over budget (granted at once, recorded as theirs)")
+        None, description="an operator's approval to go over budget, or past a tripped breaker "
+        "(granted at once, recorded as theirs)")
+    stage: LeaseStage = LeaseStage.REMEDIATE
+    fleet_nodes: int = Field(0, ge=0, description="nodes in the cluster, for the breaker (0: not known)")
 
 
 class LeaseStatus(StrEnum):
+    FENCE_HELD = "fence_held"  # the fence circuit breaker is tripped: recorded, nothing drained
+    FENCE_PERMITTED = "fence_permitted"  # may drain; asks for the remediation lease next
     WAITING = "waiting"  # over budget: fenced, nothing killed, until the budget frees or an operator approves
     GRANTED = "granted"
     RELEASED = "released"  # returned by its incident (or withdrawn while waiting)
@@ -153,6 +192,15 @@ class LeaseState(Contract):
     @property
     def waiting(self) -> bool:
         return self.status == LeaseStatus.WAITING
+
+    @property
+    def fence_held(self) -> bool:
+        return self.status == LeaseStatus.FENCE_HELD
+
+    @property
+    def fencing(self) -> bool:
+        """Still at the fence stage: held by the breaker, or permitted and not yet asked to remediate."""
+        return self.status in (LeaseStatus.FENCE_HELD, LeaseStatus.FENCE_PERMITTED)
 
 
 class LeaseRelease(Contract):
@@ -205,6 +253,34 @@ class QuarantineStatus(Contract):
     last_release: Quarantine | None = Field(None, description="the last quarantine an operator released")
 
 
+# --- the fence circuit breaker ----------------------------------------------------------------
+
+
+class FenceMark(Contract):
+    """A node fenced (permitted to drain), counted by the breaker while in its window."""
+
+    node: NodeName
+    incident_id: IncidentId
+    at: datetime
+    partitions: list[str] = Field(default_factory=list)
+
+
+class BreakerTrip(Contract):
+    """The breaker tripped: every fence is held until an operator resets it."""
+
+    at: datetime
+    incident_id: IncidentId = Field(description="the incident whose fence would have passed the limit")
+    node: NodeName
+    reason: str
+
+
+class BreakerReset(Contract):
+    """An operator resets a tripped breaker (`recovery reset-breaker`)."""
+
+    actor: Actor
+    reason: Annotated[str, Field(min_length=1, max_length=500)]
+
+
 # --- the budget's own state, timeline and status ----------------------------------------------
 
 
@@ -218,6 +294,10 @@ class TimelineKind(StrEnum):
     QUARANTINED = "quarantined"
     QUARANTINE_RELEASED = "quarantine_released"
     POLICY_CHANGED = "policy_changed"
+    FENCE_PERMITTED = "fence_permitted"
+    FENCE_HELD = "fence_held"  # the breaker is tripped: the incident waits, nothing drained
+    BREAKER_TRIPPED = "breaker_tripped"
+    BREAKER_RESET = "breaker_reset"
 
 
 class TimelineEvent(Contract):
@@ -255,6 +335,9 @@ class BudgetState(Contract):
     released_quarantines: dict[str, Quarantine] = Field(
         default_factory=dict, description="the last quarantine an operator released, by node")
     disruptions: list[Disruption] = Field(default_factory=list)
+    fences: list[FenceMark] = Field(default_factory=list, description="nodes fenced since the breaker's "
+                                    "window began or it was last reset")
+    breaker: BreakerTrip | None = Field(None, description="set while the breaker is tripped")
     timeline: list[TimelineEvent] = Field(default_factory=list)
     seq: int = 0
     continued_as_new: int = Field(0, description="runs before this one")
@@ -279,6 +362,9 @@ class BudgetStatus(Contract):
     quarantined: list[QuarantineStatus]
     disrupted_jobs_in_window: int
     continued_as_new: int = Field(0, description="runs before this one")
+    breaker: BreakerTrip | None = Field(None, description="set while the fence circuit breaker is tripped")
+    fenced_in_window: list[NodeName] = Field(default_factory=list, description="nodes the breaker counts now")
+    fence_held: list[LeaseState] = Field(default_factory=list, description="incidents the breaker holds")
 
 
 # --- notifications ----------------------------------------------------------------------------
@@ -290,6 +376,7 @@ class NotificationKind(StrEnum):
     FAILED = "failed"
     RECOVERED = "recovered"
     QUARANTINED = "quarantined"
+    BREAKER_TRIPPED = "breaker_tripped"
 
 
 class Notification(Contract):

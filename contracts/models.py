@@ -97,8 +97,9 @@ class AlertDigest(Contract):
 # Destructive steps an operator may be asked to approve first: requeueing the jobs (their
 # processes are killed) and bringing in replacement capacity.
 ApprovalGate = Literal["requeue", "replacement"]  # the gates a policy can require
-# Where an incident may wait for an operator: a policy gate, or over the fleet disruption budget.
-Gate = Literal["requeue", "replacement", "budget"]
+# Where an incident may wait for an operator: a policy gate, over the fleet disruption budget, or
+# held by the fence circuit breaker.
+Gate = Literal["requeue", "replacement", "budget", "breaker"]
 
 
 class RecoveryPolicy(Contract):
@@ -133,6 +134,9 @@ class RecoveryPolicy(Contract):
     fleet_budget: bool = Field(
         True, description="take a lease from the fleet disruption budget before the first destructive step "
         "(workflows/fleet_budget.py); off only for a worker that runs no budget")
+    fence_hold_seconds: float = Field(
+        3600.0, gt=0, description="how long an incident held by a tripped fence circuit breaker waits for a reset "
+        "or an operator's answer; then it ends, nothing drained (a new alert opens a new incident)")
     notify: bool = Field(False, description="send webhook notifications (incident opened, approval needed, "
                          "failed, recovered); on when the worker has RECOVERY_NOTIFY_WEBHOOK_URL")
     search_attributes: bool = Field(

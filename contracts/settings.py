@@ -116,6 +116,12 @@ class Settings(BaseSettings):
     lemon_window_seconds: float = Field(7 * 24 * 3600.0, gt=0)
     lease_max_seconds: float = Field(6 * 3600.0, gt=0, description="a lease held longer is reclaimed (a stuck incident)")
     lease_holder_check_seconds: float = Field(60.0, gt=0)
+    # The fence circuit breaker (docs/safety.md), before any drain; held incidents wait fence_hold_seconds.
+    breaker_max_fences: int = Field(10, ge=1, description="nodes fenced per breaker window, fleet-wide")
+    breaker_fleet_fraction: float = Field(0.5, gt=0, le=1, description="of the cluster's nodes fenced per window")
+    breaker_partition_fraction: float = Field(0.5, gt=0, le=1, description="of each partition's nodes per window")
+    breaker_window_seconds: float = Field(300.0, gt=0)
+    fence_hold_seconds: float = Field(3600.0, gt=0, description="how long a held incident waits for a reset")
     notify_webhook_url: str = Field("", pattern=r"^(https?://.+)?$", description="POST notifications here; empty: none")
     notify_bearer_token: SecretStr | None = None
     notify_hmac_secret: SecretStr | None = None
@@ -211,6 +217,9 @@ class Settings(BaseSettings):
             disruption_window_seconds=self.budget_disruption_window_seconds,
             lemon_incidents=self.lemon_incidents, lemon_window_seconds=self.lemon_window_seconds,
             lease_max_seconds=self.lease_max_seconds, holder_check_seconds=self.lease_holder_check_seconds,
+            breaker_max_fences=self.breaker_max_fences, breaker_fleet_fraction=self.breaker_fleet_fraction,
+            breaker_partition_fraction=self.breaker_partition_fraction,
+            breaker_window_seconds=self.breaker_window_seconds,
             notifications=bool(self.notify_webhook_url),
         )
 

@@ -42,7 +42,7 @@ from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from contracts import search_attributes as sa
-from contracts.budget import QuarantineRelease
+from contracts.budget import BreakerReset, QuarantineRelease
 from contracts.models import IncidentReport, IncidentStatus, NodeFailureAlert, OperatorDecision, Phase, _check_node_name
 from contracts.settings import ConfigError, describe_config, load_settings, load_telemetry_settings
 from starter.report_html import write_report_html
@@ -649,7 +649,39 @@ async def _release_quarantine(node: str, actor: str, reason: str, as_json: bool)
     return EXIT_OK
 
 
-@app.command(help="the fleet disruption budget: leases held and waiting, quarantined lemon nodes")
+@app.command("reset-breaker", help="reset the tripped fence circuit breaker: held incidents are weighed again")
+def reset_breaker_command(
+    reason: str = typer.Option(..., help="why (what was found and fixed): recorded with the reset"),
+    actor: str = typer.Option(f"{getpass.getuser()} via recovery reset-breaker", help="who resets it"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    _run(_reset_breaker(actor, reason, as_json))
+
+
+async def _reset_breaker(actor: str, reason: str, as_json: bool) -> int:
+    from activities.budget import reset_breaker
+    from workflows.fleet_budget import fleet_budget_workflow_id
+
+    try:
+        BreakerReset(actor=actor, reason=reason)
+    except ValidationError as e:
+        raise BadInput(f"reset-breaker: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}") from None
+    settings = load_settings()
+    client = await _client(settings.temporal_address, settings.temporal_namespace)
+    try:
+        status = await reset_breaker(client, actor, reason, workflow_id=fleet_budget_workflow_id(settings.task_queue))
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    if as_json:
+        _print_json(status.model_dump(mode="json"))
+    else:
+        print(f"fence circuit breaker reset by {actor}; " + (
+            f"tripped again: {status.breaker.reason}" if status.breaker else "closed")
+            + f"; {len(status.fence_held)} incident(s) still held")
+    return EXIT_OK
+
+
+@app.command(help="the fleet disruption budget: leases held and waiting, quarantined lemon nodes, the breaker")
 def budget(as_json: bool = JSON_OPTION) -> None:
     _run(_budget(as_json))
 
@@ -674,8 +706,14 @@ async def _budget(as_json: bool) -> int:
     print(f"{len(status.holders)} of {p.max_nodes} nodes under remediation; {len(status.waiting)} waiting; "
           f"{status.disrupted_jobs_in_window} of {p.max_disrupted_jobs} jobs disrupted in the last "
           f"{p.disruption_window_seconds:.0f} s")
+    print(f"fence circuit breaker: {len(status.fenced_in_window)} node(s) fenced in the last "
+          f"{p.breaker_window_seconds:.0f} s (at most {p.breaker_max_fences}, {p.breaker_fleet_fraction:g} of the "
+          f"fleet, {p.breaker_partition_fraction:g} of a partition); " + (
+              f"TRIPPED at {status.breaker.at:%Y-%m-%d %H:%M:%S} by {status.breaker.node}: {status.breaker.reason}; "
+              f"{len(status.fence_held)} incident(s) held. Reset with `recovery reset-breaker --reason ...`"
+              if status.breaker else "closed"))
     table = Table("node", "incident", "lease", "since", "why", box=None)
-    for lease in status.holders + status.waiting:
+    for lease in status.holders + status.waiting + status.fence_held:
         table.add_row(lease.node, lease.incident_id, lease.status.value,
                       f"{lease.granted_at or lease.requested_at:%Y-%m-%d %H:%M:%S}", lease.reason)
     for q in status.quarantined:

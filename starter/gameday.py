@@ -353,6 +353,7 @@ async def play_storm(game: GameDay, scenario: Scenario) -> tuple[list[Slo], list
                                reason=f"storm: injected XID {opts.xid} on {node}", message="NVRM: Xid (game day)")
               for node in failing]
     handles = await asyncio.gather(*(raise_alert(game.client, a, drill.stack.task_queue, drill.policy) for a in alerts))
+    breaker = await operate_breaker(game, failing) if drill.policy.fleet_budget else None
     reports = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), game.timeout)
     for job_id in run_dirs:
         await drill.slurm.run("scancel", str(job_id))
@@ -386,7 +387,42 @@ async def play_storm(game: GameDay, scenario: Scenario) -> tuple[list[Slo], list
     ]
     if any(p.name == "budget" for r in reports for p in r.phases):
         slos.append(await budget_slo(game, started))
+    if breaker is not None:
+        slos.append(breaker)
     return slos, [r.incident_id for r in reports]
+
+
+async def operate_breaker(game: GameDay, failing: list[str]) -> Slo:
+    """The game day's operator at the fence circuit breaker: more nodes fail at once than it lets
+    be fenced, so it trips; once it holds every one past its limit, none of them drained, the
+    operator resets it and the held incidents go on."""
+    from activities.budget import reset_breaker
+    from contracts.budget import PartitionShare
+    from workflows.fleet_budget import FleetBudgetWorkflow, fleet_budget_workflow_id
+
+    budget_id = fleet_budget_workflow_id(game.stack.task_queue)
+    budget = game.client.get_workflow_handle_for(FleetBudgetWorkflow.run, budget_id)
+    size = len(await game.drill.slurm.list_nodes())
+    policy = (await budget.query(FleetBudgetWorkflow.status)).policy
+    limit = min(policy.fence_limits([PartitionShare(name=LOCAL_PARTITION, size=size)], size).values())
+    to_hold = max(0, len(failing) - limit)
+    if not to_hold:
+        return judged("breaker", f"not tripped: {len(failing)} fences within its limit of {limit}", "not tripped", True)
+
+    async def all_held():
+        status = await budget.query(FleetBudgetWorkflow.status)
+        return status if len(status.fence_held) >= to_hold else None
+
+    status = await wait_async(all_held, 60, f"the fence circuit breaker to hold {to_hold} incidents")
+    nodes = {n.name: n for n in await game.drill.slurm.list_nodes()}
+    drained = [lease.node for lease in status.fence_held if nodes[lease.node].drained or nodes[lease.node].state == "down"]
+    await reset_breaker(game.client, f"game day by {getpass.getuser()}",
+                        f"storm drill: {len(failing)} injected failures, all real", workflow_id=budget_id)
+    game.say(f"breaker: tripped at {limit} fences, held {len(status.fence_held)} ({len(drained)} drained); reset")
+    return judged("breaker_held", f"{to_hold} held past its limit of {limit}, none drained, until reset",
+                  f"{len(status.fence_held)} held, {len(drained)} drained",
+                  len(status.fence_held) == to_hold and not drained,
+                  detail=status.breaker.reason if status.breaker else "")
 
 
 async def budget_slo(game: GameDay, since: datetime) -> Slo:

@@ -52,11 +52,14 @@ async def time_skipping_env():
         yield env
 
 
+NEWEST_GENERATION = max(DEBIAN_RELEASE_OF_GENERATION, key=lambda g: tuple(map(int, g.split("."))))
+
+
 @pytest.fixture(scope="session", params=list(DEBIAN_RELEASE_OF_GENERATION))
 def local_stack(request) -> LocalStack:
-    """Every test on the real cluster runs on both Slurm generations (22.05 and 24.11): the
-    host's from Debian's packages, the other from a Debian root. The stack has its own state dir
-    and ports, so tests never touch a drill's stack."""
+    """The real cluster, on Slurm 22.05 or 24.11: the host's from Debian's packages, the other
+    from a Debian root (see pytest_collection_modifyitems for which tests run on which). The stack
+    has its own state dir and ports, so tests never touch a drill's stack."""
     # RECOVERY_TEST_STATE_DIR / RECOVERY_TEST_SLURM_PORT_BASE let two suites run side by side.
     return LocalStack(state_dir=Path(os.environ.get("RECOVERY_TEST_STATE_DIR", "/tmp/training-recovery-tests")),
                       slurm_port_base=int(os.environ.get("RECOVERY_TEST_SLURM_PORT_BASE", "24800")),
@@ -68,6 +71,25 @@ def slurm_cluster(local_stack: LocalStack):
     cluster = local_stack.start_slurm()
     yield cluster
     local_stack.stop_slurm()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked every_slurm_generation (Slurm's own behaviour: the backends, the stack, the
+    drill, Slurm's faults, the return to service) run on every generation; the rest, whose subject
+    is the controller's decisions, on the newest only. RECOVERY_TEST_GENERATIONS=all runs every
+    test on every generation. Running everything on both took CI to 46 of its 60 minutes."""
+    if os.environ.get("RECOVERY_TEST_GENERATIONS") == "all":
+        return
+    kept, older = [], []
+    for item in items:
+        generation = getattr(item, "callspec", None) and item.callspec.params.get("local_stack")
+        if generation in (None, NEWEST_GENERATION) or item.get_closest_marker("every_slurm_generation"):
+            kept.append(item)
+        else:
+            older.append(item)
+    if older:
+        config.hook.pytest_deselected(items=older)
+        items[:] = kept
 
 
 @pytest.hookimpl(wrapper=True)

@@ -2,7 +2,9 @@
 workflow code that asks for a lease, hears of it while it waits, returns it, and asks whether
 the node is a quarantined lemon. One lease per incident id.
 
-NodeRecoveryWorkflow holds a BudgetLease: `_take_lease` (phase `budget`) requests it after the
+NodeRecoveryWorkflow holds a BudgetLease: in runs since its FENCE_BREAKER patch, `ask_to_fence`
+(phase `breaker`) passes the fence circuit breaker before the drain, waiting while it is tripped;
+then `_take_lease` (phase `budget`) requests it after the
 drain and before the first destructive step, waits over budget as a gate that an operator may
 answer, and `run()` releases it in `finally`. ReturnToServiceWorkflow calls check_quarantine()
 before each look at the node. request() returns within moments (the budget answers in the
@@ -14,7 +16,7 @@ for hours if need be, an abort cancels it, and a worker restart loses nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -22,7 +24,16 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.budget import BudgetActivities
-    from contracts.budget import LeaseRelease, LeaseRequest, LeaseState, LeaseStatus, PartitionShare, QuarantineStatus
+    from contracts.budget import (
+        FenceScope,
+        LeaseRelease,
+        LeaseRequest,
+        LeaseStage,
+        LeaseState,
+        LeaseStatus,
+        PartitionShare,
+        QuarantineStatus,
+    )
     from contracts.models import OperatorDecision
     from workflows.call_options import failing_as_activity
     from workflows.fleet_budget import LEASE_STATE_SIGNAL, FleetBudgetWorkflow
@@ -64,6 +75,39 @@ class BudgetLease:
         if self._request is not None and state.incident_id == self._request.incident_id:
             self._keep_newest(state)
 
+    @property
+    def fence_held(self) -> bool:
+        return self.state is not None and self.state.fence_held
+
+    async def ask_to_fence(self, incident_id: str, node: str, scope: FenceScope, in_task: bool = False) -> LeaseState:
+        """Ask the fence circuit breaker before the drain; answered within moments: permitted, or
+        held (the breaker is tripped) and why. `in_task` as for request()."""
+        self._in_task = in_task
+        info = workflow.info()
+        self._request = LeaseRequest(incident_id=incident_id, node=node, workflow_id=info.workflow_id,
+                                     run_id=info.run_id, partitions=scope.partitions, running_jobs=0,
+                                     stage=LeaseStage.FENCE, fleet_nodes=scope.fleet_nodes)
+        await self._ask_until(lambda: self.state is not None, ANSWER_WITHIN)
+        assert self.state is not None
+        return self.state
+
+    async def wait_fence_permitted(self, stop: Callable[[], bool], timeout: timedelta) -> LeaseState:
+        """Wait, durably, until the held fence is permitted (an operator reset the breaker),
+        `stop()` is true (an operator's answer or abort), or `timeout` has passed."""
+        deadline = workflow.now() + timeout
+        await self._ask_until(lambda: not self.fence_held or stop() or workflow.now() >= deadline,
+                              ASK_AGAIN_WHILE_WAITING, ask_first=False, until=deadline)
+        assert self.state is not None
+        return self.state
+
+    async def approve_fence(self, decision: OperatorDecision) -> LeaseState:
+        """An operator approved fencing past the tripped breaker: permitted at once, as theirs."""
+        assert self._request is not None, "ask_to_fence() first"
+        self._request = self._request.model_copy(update={"approval": decision})
+        await self._ask_until(lambda: not self.fence_held, ANSWER_WITHIN)
+        assert self.state is not None
+        return self.state
+
     async def request(self, incident_id: str, node: str, partitions: list[PartitionShare],
                       running_jobs: int, in_task: bool = False) -> LeaseState:
         """Ask for the lease; the budget's answer comes within moments: granted, or waiting and why.
@@ -73,7 +117,7 @@ class BudgetLease:
         info = workflow.info()
         self._request = LeaseRequest(incident_id=incident_id, node=node, workflow_id=info.workflow_id,
                                      run_id=info.run_id, partitions=partitions, running_jobs=running_jobs)
-        await self._ask_until(lambda: self.state is not None, ANSWER_WITHIN)
+        await self._ask_until(lambda: self.state is not None and not self.state.fencing, ANSWER_WITHIN)
         assert self.state is not None
         return self.state
 
@@ -95,7 +139,7 @@ class BudgetLease:
     async def release(self, reason: str) -> None:
         """Return the lease, or withdraw the waiting request; idempotent."""
         state = self.state
-        if state is None or state.status not in (LeaseStatus.WAITING, LeaseStatus.GRANTED):
+        if state is None or state.status in (LeaseStatus.RELEASED, LeaseStatus.EXPIRED):
             return
         if not workflow.in_workflow():
             # A `finally` run by the garbage collector of a run evicted from this worker's cache:
@@ -111,13 +155,18 @@ class BudgetLease:
         self.state = state.model_copy(update={"status": LeaseStatus.RELEASED, "reason": release.reason,
                                               "ended_at": workflow.now()})
 
-    async def _ask_until(self, done: Callable[[], bool], every: timedelta, ask_first: bool = True) -> None:
+    async def _ask_until(self, done: Callable[[], bool], every: timedelta, ask_first: bool = True,
+                         until: datetime | None = None) -> None:
+        """Ask, then ask again at a doubling interval until `done()`; a wait never passes `until`."""
         if ask_first:
             await self._send_request()
         while not done():
+            wait = every if until is None else min(every, until - workflow.now())
             try:
-                await workflow.wait_condition(done, timeout=every)
+                await workflow.wait_condition(done, timeout=wait)
             except TimeoutError:
+                if until is not None and workflow.now() >= until:
+                    return
                 every = min(every * 2, ASK_AGAIN_WHILE_WAITING)
                 await self._send_request()
 
@@ -125,7 +174,9 @@ class BudgetLease:
         """Ask; the answer is the reply (kept at once, so that a lease granted outright is acted
         on in this workflow task), or comes by signal when the request had to go as one."""
         assert self._request is not None
-        summary = f"Ask the fleet budget to put {self._request.node} under remediation"
+        summary = (f"Ask the fence circuit breaker to let {self._request.node} be drained"
+                   if self._request.stage == LeaseStage.FENCE
+                   else f"Ask the fleet budget to put {self._request.node} under remediation")
         if self._in_task:
             answer = await failing_as_activity("request_lease", workflow.execute_local_activity_method(
                 BudgetActivities.request_lease, self._request, summary=summary, **BUDGET_CALL))

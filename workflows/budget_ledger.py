@@ -8,6 +8,12 @@ fewer leases than its share. The fleet-wide limits are first come, first served:
 waits for the disrupted-jobs budget, no later request with jobs passes it (small requests would
 otherwise starve a large one). A request waiting for its partition does not hold back requests
 of other partitions.
+
+Before that, at the fence stage, the fence circuit breaker: a request to fence (drain) a node is
+permitted while the nodes fenced in the breaker's window stay within its limits (an absolute cap,
+a fraction of the cluster, a fraction of each of the node's partitions). The request that would
+pass one trips the breaker: it and every fence request after it are held, nothing is drained,
+until an operator resets the breaker; the reset weighs the held requests again, in arrival order.
 """
 
 from __future__ import annotations
@@ -18,14 +24,18 @@ from datetime import datetime, timedelta
 from contracts.audit import ActorKind
 from contracts.budget import (
     BlockedBy,
+    BreakerReset,
+    BreakerTrip,
     BudgetPolicy,
     BudgetState,
     BudgetStatus,
     Disruption,
+    FenceMark,
     HolderRef,
     IncidentMark,
     Lease,
     LeaseRequest,
+    LeaseStage,
     LeaseState,
     LeaseStatus,
     Quarantine,
@@ -56,6 +66,7 @@ class BudgetLedger:
         self._holding = {lease.state.incident_id: lease for lease in sorted(
             (lease for lease in state.leases if lease.state.granted), key=lambda lease: lease.state.granted_at)}
         self._held_per_partition = Counter(p for lease in self._holding.values() for p in set(lease.state.partitions))
+        self._fence_held = {lease.state.incident_id: lease for lease in state.leases if lease.state.fence_held}
 
     @property
     def policy(self) -> BudgetPolicy:
@@ -105,6 +116,9 @@ class BudgetLedger:
             quarantined=[self.quarantine_status(node, now) for node in self.state.quarantines],
             disrupted_jobs_in_window=self.disrupted_jobs(now),
             continued_as_new=self.state.continued_as_new,
+            breaker=self.state.breaker,
+            fenced_in_window=sorted({mark.node for mark in self._fences_in_window(now)}),
+            fence_held=[lease.state for lease in self._fence_held.values()],
         )
 
     def next_deadline(self, now: datetime) -> datetime | None:
@@ -122,32 +136,43 @@ class BudgetLedger:
     # --- deciding -----------------------------------------------------------------------------
 
     def request(self, req: LeaseRequest, now: datetime) -> list[TimelineEvent]:
-        """A new request counts toward its node's lemon history and waits or is granted; a
-        repeated one changes nothing (its incident's run is updated: a reset incident keeps
-        its lease); one whose lease already ended is answered with that end, never granted again."""
+        """A new request to fence passes the breaker or is held; a new request to remediate counts
+        toward its node's lemon history and waits or is granted. A repeated one changes nothing
+        (its incident's run is updated: a reset incident keeps its lease); one whose lease already
+        ended is answered with that end, never granted again."""
         lease = self._active(req.incident_id)
+        if lease is None and self.lease_state(req.incident_id) is not None:
+            return []
+        if req.stage == LeaseStage.FENCE:
+            return self._ask_to_fence(lease, req, now)
         events: list[TimelineEvent] = []
-        if lease is None:
-            if self.lease_state(req.incident_id) is not None:
-                return []
-            events += self._count_incident(req.node, req.incident_id, now)
-            lease = Lease(request=req, state=LeaseState(
-                incident_id=req.incident_id, node=req.node, workflow_id=req.workflow_id, run_id=req.run_id,
-                budget_workflow_id=self._budget_workflow_id, budget_epoch=self._budget_epoch,
-                status=LeaseStatus.WAITING, version=0,
-                requested_at=now, running_jobs=req.running_jobs, partitions=[p.name for p in req.partitions],
-                quarantined=self.quarantined(req.node),
-            ))
-            self.state.leases.append(lease)
-            self._active_by_incident[req.incident_id] = self._waiting[req.incident_id] = lease
-            events += self.admit(now)
-            if lease.state.waiting:
-                events.append(self._event(TimelineKind.QUEUED, now, lease, detail=lease.state.reason))
+        if lease is None or lease.state.fencing:
+            lease, events = self._queue(lease, req, now)
         elif lease.state.run_id != req.run_id:
             lease.request.run_id = lease.state.run_id = req.run_id
         if req.approval is not None and lease.state.waiting:
             events.append(self._grant(lease, now, approval=req.approval))
         return events
+
+    def _queue(self, fenced: Lease | None, req: LeaseRequest, now: datetime) -> tuple[Lease, list[TimelineEvent]]:
+        """A request to remediate joins the queue: anew, or as the next stage of its fence."""
+        events = self._count_incident(req.node, req.incident_id, now)
+        if fenced is not None:
+            self._fence_held.pop(req.incident_id, None)
+            self.state.leases = [held for held in self.state.leases if held is not fenced]
+        lease = Lease(request=req, state=LeaseState(
+            incident_id=req.incident_id, node=req.node, workflow_id=req.workflow_id, run_id=req.run_id,
+            budget_workflow_id=self._budget_workflow_id, budget_epoch=self._budget_epoch,
+            status=LeaseStatus.WAITING, version=fenced.state.version if fenced else 0,
+            requested_at=now, running_jobs=req.running_jobs, partitions=[p.name for p in req.partitions],
+            quarantined=self.quarantined(req.node),
+        ))
+        self.state.leases.append(lease)
+        self._active_by_incident[req.incident_id] = self._waiting[req.incident_id] = lease
+        events += self.admit(now)
+        if lease.state.waiting:
+            events.append(self._event(TimelineKind.QUEUED, now, lease, detail=lease.state.reason))
+        return lease, events
 
     def admit(self, now: datetime) -> list[TimelineEvent]:
         """Grant, in arrival order, every waiting request that the budget allows now."""
@@ -214,9 +239,22 @@ class BudgetLedger:
         return [self._event(TimelineKind.QUARANTINE_RELEASED, now, node=release.node, actor=release.actor,
                             actor_kind="operator", detail=release.reason)]
 
+    def reset_breaker(self, reset: BreakerReset, now: datetime) -> list[TimelineEvent]:
+        """An operator resets the tripped breaker: its count starts again from here, and the held
+        fences are weighed again in arrival order (past the limits, the breaker trips again)."""
+        if self.state.breaker is None:
+            raise ValueError("the fence circuit breaker is not tripped")
+        self.state.breaker, self.state.fences = None, []
+        events = [self._event(TimelineKind.BREAKER_RESET, now, actor=reset.actor, actor_kind="operator",
+                              detail=reset.reason)]
+        for lease in list(self._fence_held.values()):
+            events += self._weigh_fence(lease, now)
+        return events
+
     def compacted(self, now: datetime) -> BudgetState:
         """The state to continue as new with, without what has left its windows."""
         self.state.disruptions = self._disruptions_in_window(now)
+        self.state.fences = self._fences_in_window(now)
         in_window = {node: self._incidents_in_window(node, now) for node in self.state.node_incidents}
         self.state.node_incidents = {node: marks for node, marks in in_window.items() if marks}
         self.state.continued_as_new += 1
@@ -249,6 +287,70 @@ class BudgetLedger:
                                              f"under remediation (of {partition.size} nodes)")
         return None
 
+    def _ask_to_fence(self, lease: Lease | None, req: LeaseRequest, now: datetime) -> list[TimelineEvent]:
+        if lease is not None:
+            if lease.state.run_id != req.run_id:
+                lease.request.run_id = lease.state.run_id = req.run_id
+            return [self._permit_fence(lease, now, req.approval)] if req.approval and lease.state.fence_held else []
+        lease = Lease(request=req, state=LeaseState(
+            incident_id=req.incident_id, node=req.node, workflow_id=req.workflow_id, run_id=req.run_id,
+            budget_workflow_id=self._budget_workflow_id, budget_epoch=self._budget_epoch,
+            status=LeaseStatus.FENCE_HELD, version=0, requested_at=now,
+            partitions=[p.name for p in req.partitions], quarantined=self.quarantined(req.node),
+        ))
+        self.state.leases.append(lease)
+        self._active_by_incident[req.incident_id] = self._fence_held[req.incident_id] = lease
+        events = self._weigh_fence(lease, now)
+        if req.approval is not None and lease.state.fence_held:
+            events.append(self._permit_fence(lease, now, req.approval))
+        return events
+
+    def _weigh_fence(self, lease: Lease, now: datetime) -> list[TimelineEvent]:
+        """Permit the held fence if the breaker allows it now; else hold it, tripping the breaker."""
+        blocked = self._breaker_blocker(lease.request, now)
+        if blocked is None:
+            return [self._permit_fence(lease, now)]
+        events = []
+        if self.state.breaker is None:
+            self.state.breaker = BreakerTrip(at=now, incident_id=lease.state.incident_id, node=lease.state.node,
+                                             reason=blocked)
+            events.append(self._event(TimelineKind.BREAKER_TRIPPED, now, lease, detail=blocked))
+        lease.state.reason = (f"the fence circuit breaker is tripped ({self.state.breaker.reason}): nothing is "
+                              "drained until an operator runs `recovery reset-breaker`")
+        return events + [self._event(TimelineKind.FENCE_HELD, now, lease, detail=lease.state.reason)]
+
+    def _breaker_blocker(self, req: LeaseRequest, now: datetime) -> str | None:
+        """Why the breaker holds this fence, or None. A node fenced already in the window is not
+        counted again (a second incident on it, or a retried drain)."""
+        if self.state.breaker is not None:
+            return self.state.breaker.reason
+        marks = self._fences_in_window(now)
+        if any(mark.node == req.node for mark in marks):
+            return None
+        window = f"{self.policy.breaker_window_seconds:.0f} s"
+        for partition, limit in self.policy.fence_limits(req.partitions, req.fleet_nodes).items():
+            fenced = len({m.node for m in marks if partition is None or partition in m.partitions})
+            if fenced >= limit:
+                scope = f"partition {partition}" if partition else "the fleet"
+                return (f"{fenced} nodes fenced in the last {window} reach {scope}'s limit of {limit}; "
+                        f"{req.node} would pass it")
+        return None
+
+    def _permit_fence(self, lease: Lease, now: datetime, approval: OperatorDecision | None = None) -> TimelineEvent:
+        state = lease.state
+        self._fence_held.pop(state.incident_id, None)
+        state.status = LeaseStatus.FENCE_PERMITTED
+        if approval is not None:
+            state.granted_by = approval.actor
+            state.reason = f"fence approved by {approval.actor} past the breaker: {approval.reason}"
+        else:
+            state.granted_by, state.reason = "policy", "within the fence circuit breaker's limits"
+        if not any(mark.node == state.node for mark in self._fences_in_window(now)):
+            self.state.fences = self._fences_in_window(now) + [
+                FenceMark(node=state.node, incident_id=state.incident_id, at=now, partitions=state.partitions)]
+        return self._event(TimelineKind.FENCE_PERMITTED, now, lease, actor=state.granted_by,
+                           actor_kind="operator" if approval else "policy", detail=state.reason)
+
     def _grant(self, lease: Lease, now: datetime, approval: OperatorDecision | None = None) -> TimelineEvent:
         state = lease.state
         if approval is not None:
@@ -276,6 +378,7 @@ class BudgetLedger:
         state = lease.state
         del self._active_by_incident[state.incident_id]
         self._waiting.pop(state.incident_id, None)
+        self._fence_held.pop(state.incident_id, None)
         if self._holding.pop(state.incident_id, None) is not None:
             self._held_per_partition.subtract(set(state.partitions))
         state.status, state.ended_at, state.reason, state.blocked_by = status, now, reason, None
@@ -288,6 +391,10 @@ class BudgetLedger:
     def _disruptions_in_window(self, now: datetime) -> list[Disruption]:
         window_start = now - timedelta(seconds=self.policy.disruption_window_seconds)
         return [d for d in self.state.disruptions if d.at > window_start]
+
+    def _fences_in_window(self, now: datetime) -> list[FenceMark]:
+        window_start = now - timedelta(seconds=self.policy.breaker_window_seconds)
+        return [mark for mark in self.state.fences if mark.at > window_start]
 
     def _incidents_in_window(self, node: str, now: datetime) -> list[IncidentMark]:
         window_start = now - timedelta(seconds=self.policy.lemon_window_seconds)

@@ -16,7 +16,8 @@ Protocol (the incident's side is workflows/budget_lease.py):
 - signal `release_lease(LeaseRelease)` from the incident (an external signal, no activity), at its
   end; withdraws a waiting request too. Idempotent.
 - update `release_quarantine(QuarantineRelease) -> QuarantineStatus` (an operator; rejected when
-  the node is not quarantined), update `set_policy(BudgetPolicy) -> BudgetStatus` (the worker
+  the node is not quarantined), update `reset_breaker(BreakerReset) -> BudgetStatus` (an operator;
+  rejected when the fence circuit breaker is not tripped), update `set_policy(BudgetPolicy) -> BudgetStatus` (the worker
   at start-up), queries `status`, `timeline`, `quarantine(node)`, `lease(incident_id)`.
 
 Why both: an update answers within one round trip (the reply), where a signal's answer needs a
@@ -52,6 +53,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from contracts.budget import (
+        BreakerReset,
         BudgetInUse,
         BudgetPolicy,
         BudgetState,
@@ -108,10 +110,14 @@ AUDIT_ACTIONS = {
     TimelineKind.QUARANTINED: "node_quarantined",
     TimelineKind.QUARANTINE_RELEASED: "quarantine_released",
     TimelineKind.POLICY_CHANGED: "budget_policy_changed",
+    TimelineKind.FENCE_PERMITTED: "fence_permitted",
+    TimelineKind.FENCE_HELD: "fence_held",
+    TimelineKind.BREAKER_TRIPPED: "breaker_tripped",
+    TimelineKind.BREAKER_RESET: "breaker_reset",
 }
 # Lease changes the incident hears of besides the answers to its requests (the others it caused
 # itself, or it has closed).
-TOLD_TO_INCIDENT = {TimelineKind.GRANTED, TimelineKind.EXPIRED}
+TOLD_TO_INCIDENT = {TimelineKind.GRANTED, TimelineKind.EXPIRED, TimelineKind.FENCE_PERMITTED}
 
 
 @workflow.defn
@@ -159,6 +165,17 @@ class FleetBudgetWorkflow:
     def _only_a_quarantined_node(self, release: QuarantineRelease) -> None:
         if not self._ledger.quarantined(release.node):
             raise ValueError(f"node {release.node} is not quarantined")
+
+    @workflow.update
+    def reset_breaker(self, reset: BreakerReset) -> BudgetStatus:
+        now = workflow.now()
+        self._decided(self._ledger.reset_breaker(reset, now))
+        return self._ledger.status(now)
+
+    @reset_breaker.validator
+    def _only_a_tripped_breaker(self, reset: BreakerReset) -> None:
+        if self._ledger.state.breaker is None:
+            raise ValueError("the fence circuit breaker is not tripped")
 
     @workflow.update
     def set_policy(self, policy: BudgetPolicy) -> BudgetStatus:
@@ -236,8 +253,8 @@ class FleetBudgetWorkflow:
             )
             if event.kind in TOLD_TO_INCIDENT and event.incident_id != answered:
                 self._to_tell.append(event.incident_id)
-            if event.kind == TimelineKind.QUARANTINED and self._ledger.policy.notifications:
-                self._to_notify.append(_quarantine_notification(event))
+            if event.kind in NOTIFIED and self._ledger.policy.notifications:
+                self._to_notify.append(NOTIFIED[event.kind](event))
         now = workflow.now()
         if not self._ledger.state.leases:
             self._next_holder_check = None
@@ -336,3 +353,15 @@ def _quarantine_notification(event: TimelineEvent) -> Notification:
         summary=(f"{event.node} is quarantined as a lemon ({event.detail}); it is not returned to service "
                  f"until an operator runs `recovery release-quarantine {event.node}`"),
     )
+
+
+def _breaker_notification(event: TimelineEvent) -> Notification:
+    assert event.node is not None and event.incident_id is not None
+    return Notification(
+        kind=NotificationKind.BREAKER_TRIPPED, incident_id=event.incident_id, node=event.node, at=event.at,
+        summary=(f"the fence circuit breaker tripped at {event.node}: {event.detail}. New incidents are held and "
+                 "nothing is drained until an operator runs `recovery reset-breaker --reason ...`")[:1000],
+    )
+
+
+NOTIFIED = {TimelineKind.QUARANTINED: _quarantine_notification, TimelineKind.BREAKER_TRIPPED: _breaker_notification}

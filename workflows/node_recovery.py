@@ -1,7 +1,8 @@
 """NodeRecoveryWorkflow: one durable incident per failed node, deciding what happens and in what
 order. Every side effect is an activity (activities/); this module does no I/O.
 
-classify -> drain -> find jobs -> lease from the fleet disruption budget (over budget: wait,
+classify -> pass the fence circuit breaker (tripped: held, nothing drained, for a reset or an
+operator) -> drain -> find jobs -> lease from the fleet disruption budget (over budget: wait,
 fenced, for the budget or an operator) -> signal -> grace (durable timer, ends early on a new
 checkpoint) -> requeue away from the node -> mark down -> request replacement -> wait for a
 healthy spare -> verify each job resumed from its latest complete checkpoint -> report; the lease
@@ -27,7 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.xid_policy import ClassifyActivities
     from activities.budget import BudgetActivities
     from backends.replacement import HotSparePool
-    from contracts.budget import LeaseState, Notification, NotificationKind, PartitionShare
+    from contracts.budget import FenceScope, LeaseState, Notification, NotificationKind, PartitionShare
     from contracts.models import (
         ActionContext,
         ActionRecord,
@@ -109,6 +110,8 @@ LEMONS_FROM_LEASE = "lemons-from-lease"
 # grant by signal). Each was a round trip through the server (a workflow task, a task-queue
 # dispatch, three history events) before the first signal; runs begun before keep them.
 FENCE_IN_ONE_TASK = "fence-in-one-task"
+# Runs that start on this code ask the fleet budget's fence circuit breaker before the drain.
+FENCE_BREAKER = "fence-breaker"
 # A spare another incident is claiming is tried again after its claim ends: every so often, a few times.
 CLAIM_BUSY_WAIT = timedelta(seconds=1)
 CLAIM_BUSY_PASSES = 10
@@ -145,6 +148,7 @@ class NodeRecoveryWorkflow:
         self._notify_enabled = False
         self._fewer_round_trips = False
         self._fence_in_one_task = False
+        self._fence_scope: FenceScope | None = None
 
     @workflow.signal
     def alert(self, alert: NodeFailureAlert) -> None:
@@ -308,6 +312,30 @@ class NodeRecoveryWorkflow:
                       if lease.quarantined else ""))
         return None
 
+    async def _pass_breaker(self, node: str, policy: RecoveryPolicy) -> str | None:
+        """The fence circuit breaker's word before the drain. Tripped, the incident is held here,
+        nothing drained, until an operator resets the breaker or answers for this node, or until
+        fence_hold_seconds pass. Returns why the node stays undrained, or None: fence it."""
+        scope = self._fence_scope = await self._fence_call(
+            FencingActivities.fence_scope, node, f"Read {node}'s Slurm partitions and the cluster's size")
+        state = await self._lease.ask_to_fence(self._incident_id, node, scope, in_task=self._fence_in_one_task)
+        if state.fence_held:
+            hold = timedelta(seconds=policy.fence_hold_seconds)
+            self._note(f"held, nothing drained: {state.reason}")
+            self._index([])  # the phase shows in the Web UI and `recovery list` while it is held
+            await self._ask("breaker", f"fence {node} although the fence circuit breaker is tripped", hold)
+            state = await self._lease.wait_fence_permitted(stop=lambda: self._answer is not None, timeout=hold)
+            answer, self._awaiting = self._answer, None
+            if state.fence_held:
+                if answer is None:
+                    return f"held: the fence circuit breaker stayed tripped for {hold.total_seconds():.0f} s; " \
+                           "nothing was drained"
+                if answer.kind == "deny":
+                    return f"denied: fence past the tripped breaker ({answer.actor}: {answer.reason}); nothing was drained"
+                state = await self._lease.approve_fence(OperatorDecision(actor=answer.actor, reason=answer.reason))
+        self._note(f"fence permitted by {state.granted_by or 'policy'}: {state.reason}")
+        return None
+
     def _read_partitions(self, node: str) -> Awaitable[list[PartitionShare]]:
         return self._fence_call(FencingActivities.partition_shares, node,
                                 f"Read {node}'s Slurm partitions and their sizes", at_once=True)
@@ -436,6 +464,8 @@ class NodeRecoveryWorkflow:
             # A final failure (a node or job Slurm does not know, a deadline passed): the incident
             # ends in an explicit failed state, with the report of what was done before it.
             why = f"failed in {self._phase}: {_cause(err)}"
+        except FenceHeld as held:
+            why = str(held)
         except IncidentAborted:
             assert self._abort is not None
             why = f"aborted by {self._abort.actor} in {self._phase}: {self._abort.reason}; node left as it was"
@@ -452,7 +482,8 @@ class NodeRecoveryWorkflow:
 
         takes_lease = policy.fleet_budget and not policy.dry_run
         # The budget needs the node's partitions: read (a read only) with its jobs, not after them.
-        partitions = self._read_partitions(req.node) if takes_lease and self._fewer_round_trips else None
+        partitions = (_known(self._fence_scope.partitions) if self._fence_scope is not None
+                      else self._read_partitions(req.node) if takes_lease and self._fewer_round_trips else None)
         jobs = self._jobs = await self._step("find_jobs", self._fence_call(
             JobActivities.find_jobs, req.node, f"Find the jobs running on {req.node}",
         ), index_now=not self._fence_in_one_task)
@@ -682,6 +713,11 @@ class NodeRecoveryWorkflow:
         self._note(f"{workflow_id} resumes {node} once repaired and healthy")
 
     async def _drain(self, req: RecoveryRequest, ctx: ActionContext) -> NodeFenceResult:
+        if req.policy.fleet_budget and not req.policy.dry_run and workflow.patched(FENCE_BREAKER):
+            held = await self._step("breaker", self._pass_breaker(req.node, req.policy),
+                                    index_now=not self._fence_in_one_task)
+            if held is not None:
+                raise FenceHeld(held)
         await self._notify(NotificationKind.INCIDENT_OPENED,
                            f"XID {ctx.xid} {ctx.mnemonic} on {req.node} ({ctx.reason}): draining the node")
         fence = await self._step("drain", self._fence_call(
@@ -835,8 +871,16 @@ class NodeRecoveryWorkflow:
         )
 
 
+class FenceHeld(Exception):
+    """The fence circuit breaker held the incident until it gave up: the node was not drained."""
+
+
 class IncidentAborted(Exception):
     """An operator aborted the incident (update `abort`): it stops before its next step."""
+
+
+async def _known(value: T) -> T:
+    return value
 
 
 def outcome_label(outcome: str) -> str:

@@ -1,7 +1,8 @@
 """The storm (issue #5): 100 nodes of a real Slurm cluster fail at once and the fleet budget
 allows K = 5 under remediation: never more than 5 at any moment, as the budget's recorded
-timeline shows, and all 100 incidents handled in the end. Real incidents (NodeRecoveryWorkflow
-with the worker's own activities), real Slurm, real dev server."""
+timeline shows, and all 100 incidents handled in the end. With the fence circuit breaker at 10
+(issue #22), the same storm drains exactly 10 nodes and holds the other 90 undrained. Real
+incidents (NodeRecoveryWorkflow with the worker's own activities), real Slurm, real dev server."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from contextlib import AsyncExitStack
 import pytest
 
 from contracts.budget import TimelineKind
+from contracts.settings import Settings
 from contracts.models import NodeFailureAlert
 from starter.alerts import raise_alert
 from tests.integration.conftest import stack_settings
@@ -41,25 +43,36 @@ def storm_cluster(local_stack):
     stack.stop_slurm()
 
 
-async def test_storm_of_100_real_failures_never_more_than_5_in_remediation(temporal_env, storm_cluster):
-    stack, cluster = storm_cluster
-    task_queue = f"storm-{uuid.uuid4()}"
-    settings = stack_settings(stack, cluster, task_queue, budget_max_nodes=K, repair_wait_seconds=1)
-    policy = settings.policy()
-    nodes = [f"gpu-{i}" for i in range(1, NODES + 1)]
+NODES_LIST = [f"gpu-{i}" for i in range(1, NODES + 1)]
+# A breaker that lets the whole storm through, for the test of the disruption budget alone.
+NO_BREAKER = dict(breaker_max_fences=NODES, breaker_fleet_fraction=1.0, breaker_partition_fraction=1.0)
+
+
+async def storm(temporal_env, stack, cluster, settings: Settings) -> tuple[list, list]:
+    """Every node fails at once; returns the incidents' reports and the budget's timeline."""
+    task_queue = settings.task_queue
     async with AsyncExitStack() as resources:
         slurm = await build_slurm(settings, resources)
         async with build_worker(temporal_env.client, task_queue, activities_for(settings, slurm, temporal_env.client)):
             handles = await asyncio.gather(*(
                 raise_alert(temporal_env.client, NodeFailureAlert(node=node, xid=79, source="test", actor="pytest",
                                                                   reason="storm: the whole row lost power"),
-                            task_queue, policy)
-                for node in nodes))
+                            task_queue, settings.policy())
+                for node in NODES_LIST))
             reports = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 900)
             budget = temporal_env.client.get_workflow_handle_for(FleetBudgetWorkflow.run,
                                                                  fleet_budget_workflow_id(task_queue))
             timeline = await budget.query(FleetBudgetWorkflow.timeline)
             await budget.cancel()
+    return reports, timeline
+
+
+async def test_storm_of_100_real_failures_never_more_than_5_in_remediation(temporal_env, storm_cluster):
+    stack, cluster = storm_cluster
+    settings = stack_settings(stack, cluster, f"storm-{uuid.uuid4()}", budget_max_nodes=K, repair_wait_seconds=1,
+                              **NO_BREAKER)
+    nodes = NODES_LIST
+    reports, timeline = await storm(temporal_env, stack, cluster, settings)
 
     # All 100 handled: each node drained, its lease taken and returned, marked down; with no
     # spare in this cluster, each ends saying so.
@@ -80,3 +93,30 @@ async def test_storm_of_100_real_failures_never_more_than_5_in_remediation(tempo
         phases = {p.name: p for p in report.phases}
         assert phases["drain"].ended_at <= phases["budget"].started_at
         assert phases["budget"].ended_at <= phases["mark_down"].started_at
+
+
+async def test_storm_of_100_with_a_breaker_of_10_drains_exactly_10(temporal_env, storm_cluster):
+    """The breaker comes before the first drain: 10 nodes are drained and recovered as ever; the
+    other 90 incidents are held, never drain their node, and end so when the hold runs out."""
+    stack, cluster = storm_cluster
+    settings = stack_settings(stack, cluster, f"storm-breaker-{uuid.uuid4()}", budget_max_nodes=K,
+                              repair_wait_seconds=3600, breaker_max_fences=10, fence_hold_seconds=30)
+    reports, timeline = await storm(temporal_env, stack, cluster, settings)
+
+    drained = {r.node for r in reports if any(a.action == "drain_node" and a.executed for a in r.actions)}
+    held = {r.node: r.outcome for r in reports if r.outcome.startswith("held")}
+    assert len(drained) == 10 and len(held) == 90 and not drained & held.keys()
+    assert all(r.outcome.startswith("no_replacement") for r in reports if r.node in drained)
+    assert all("nothing was drained" in outcome for outcome in held.values())
+    assert all(not any(a.executed for a in r.actions) for r in reports if r.node in held)
+    # Slurm agrees: no held node is fenced (the drained ones have been returned to service since).
+    async with AsyncExitStack() as resources:
+        slurm = await build_slurm(settings, resources)
+        in_slurm = {n.name: n for n in await slurm.list_nodes()}
+    fenced = {name for name, node in in_slurm.items() if node.drained or node.state == "down"}
+    assert not fenced & held.keys()
+    incidents = {r.incident_id for r in reports}
+    mine = [e for e in timeline if e.incident_id in incidents]
+    assert sum(e.kind == TimelineKind.BREAKER_TRIPPED for e in mine) == 1
+    assert sum(e.kind == TimelineKind.FENCE_PERMITTED for e in mine) == 10
+    assert sum(e.kind == TimelineKind.FENCE_HELD for e in mine) == 90

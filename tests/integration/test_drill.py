@@ -11,7 +11,7 @@ from starter.drill import DrillOptions
 from tests.integration.test_fleet_budget import local_activities, workflow_tasks
 from trainer import checkpoint as ckpt
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]
 
 
 # Which path each action takes, per Slurm generation (the README's table).
@@ -36,7 +36,7 @@ async def test_xid79_drill_recovers_the_job_from_its_latest_complete_checkpoint(
     # Replacement time and time to resume are measured apart; Slurm's requeue delay dominates the latter.
     assert r.spare_node == "gpu-5" and 0 < r.replacement_seconds < r.time_to_resume_seconds
     names = [p.name for p in r.phases]
-    assert names == ["classify", "drain", "find_jobs", "budget", "signal", "grace", "requeue", "mark_down",
+    assert names == ["classify", "breaker", "drain", "find_jobs", "budget", "signal", "grace", "requeue", "mark_down",
                      "request_replacement", "wait_for_spare", "verify", "return_to_service"]
     assert r.return_to_service == f"return-to-service-{r.incident_id}"
     assert next(p for p in r.phases if p.name == "grace").result.startswith("skipped")

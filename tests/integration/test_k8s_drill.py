@@ -27,7 +27,7 @@ async def test_xid79_on_slurm_on_kubernetes_evicts_the_slurmd_pod_after_the_drai
     # The Kubernetes steps, each where the workflow must take it: the pod goes only once Slurm
     # has let go of the node.
     assert [p.name for p in r.phases] == [
-        "classify", "drain", "locate_slurmd_pod", "fence_k8s_node", "find_jobs", "budget", "signal", "grace", "requeue",
+        "classify", "breaker", "drain", "locate_slurmd_pod", "fence_k8s_node", "find_jobs", "budget", "signal", "grace", "requeue",
         "mark_down", "evict_slurmd_pod", "request_replacement", "wait_for_spare", "check_spare_health", "verify",
         "return_to_service"]
     at = {a.action: a.at for a in r.actions}

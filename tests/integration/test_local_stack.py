@@ -21,7 +21,7 @@ import pytest
 from starter.localstack import LocalStack
 from trainer import checkpoint as ckpt
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]
 
 # A stack of its own, on ports apart from a drill's (16800, 17800), the session clusters'
 # (24800, 25800) and the CLI test's (23800); the other generation listens 1000 above.

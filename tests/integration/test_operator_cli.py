@@ -54,7 +54,7 @@ async def test_an_operator_follows_and_approves_an_incident(temporal_env, drill,
     described = json_of(await call("describe", node, "--json"))
     assert (described["incident_id"], described["status"], described["phase"]) == (
         incident_id, "RUNNING", "approval_replacement")
-    assert [p["phase"] for p in described["timeline"]][:2] == ["classify", "drain"]
+    assert [p["phase"] for p in described["timeline"]][:3] == ["classify", "breaker", "drain"]
     assert described["incident"]["awaiting_approval"]["gate"] == "replacement"
 
     # Two operators answer at once: one approval counts, the other is refused and changes nothing.

@@ -10,7 +10,7 @@ import pytest
 from starter.drill import DrillOptions
 from workflows.return_to_service import ReturnToServiceWorkflow
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]
 
 
 async def recovered_drill(drill):

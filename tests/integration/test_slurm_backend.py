@@ -15,7 +15,7 @@ from backends.slurm.parse import JOB_FIELDS, NODE_FIELDS
 from backends.slurm.rest import ENDPOINTS, KNOWN_VERSIONS
 from contracts.models import ActionContext
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]
 COMPUTE_NODE = "gpu-4"  # no drill job lands here while a test runs alone
 
 
