@@ -55,20 +55,22 @@ async def test_xid79_drill_recovers_the_job_from_its_latest_complete_checkpoint(
 
 
 async def test_the_node_is_fenced_and_its_lease_asked_within_the_incidents_first_workflow_task(drill, recovery_worker):
-    """Up to the first signal, no round trip through the server: the drain, the jobs and
-    partitions read, the lease request (answered in its reply, the budget being within its
-    limits) and the signals are local activities of the first workflow task (fence-in-one-task)."""
+    """Up to the first signal, no round trip through the server: the read of the node's partitions
+    and the cluster's size, the breaker's word, the drain, the jobs read, the lease request (both
+    answered in their replies, the budget being within its limits) and the signals are local
+    activities of the first workflow task (fence-in-one-task, fence-breaker)."""
     run = await drill.start(DrillOptions(xid=79))
     result = await drill.finish(run, 300)
     assert result.report.outcome == "recovered", result.report.model_dump_json(indent=1)
     history = [event async for event in run.handle.fetch_history_events()]
     tasks = [local_activities(commands) for commands in workflow_tasks(history)]
     task_of = {name: i for i, names in enumerate(tasks) for name in names}
-    fence = ("drain_node", "partition_shares", "find_jobs", "request_lease", "signal_job")
+    fence = ("fence_scope", "drain_node", "find_jobs", "request_lease", "signal_job")
     assert len({task_of[name] for name in fence}) == 1, tasks
+    assert tasks[task_of["request_lease"]].count("request_lease") == 2  # the breaker's, then the lease's
     scheduled = {e.activity_task_scheduled_event_attributes.activity_type.name for e in history
                  if e.HasField("activity_task_scheduled_event_attributes")}
-    assert not scheduled & {"drain_node", "partition_shares", "find_jobs", "request_lease", "signal_job"}, scheduled
+    assert not scheduled & {*fence, "partition_shares"}, scheduled
 
 
 async def test_corrupted_latest_checkpoint_is_skipped_and_reported(drill, recovery_worker):
@@ -155,7 +157,8 @@ async def test_alert_for_a_node_slurm_does_not_know_fails_cleanly_and_changes_no
     alert = NodeFailureAlert(node="gpu-99", xid=79, source="test", actor="pytest")
     handle = await raise_alert(temporal_env.client, alert, drill.stack.task_queue, drill.policy)
     report = await handle.result()
-    assert report.outcome.startswith("failed in drain: SlurmNotFound"), report.outcome
+    # Its first read of Slurm, for the breaker, finds no such node: nothing asked of the budget.
+    assert report.outcome.startswith("failed in breaker: SlurmNotFound"), report.outcome
     assert report.actions == [] and report.jobs == []
     assert await fences() == before
 

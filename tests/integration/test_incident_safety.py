@@ -128,7 +128,7 @@ async def test_a_recovery_holds_a_lease_notifies_and_audits_every_step(
     assert partitions and lease is not None and lease.partitions == partitions
     assert lease.status == "released" and lease.running_jobs == 1
     mine = [e.kind for e in timeline if e.incident_id == report.incident_id]
-    assert mine == [TimelineKind.GRANTED, TimelineKind.RELEASED]
+    assert mine == [TimelineKind.FENCE_PERMITTED, TimelineKind.GRANTED, TimelineKind.RELEASED]
 
     # Notifications: opened and recovered, once each, never a secret-less duplicate.
     kinds = sorted(body["kind"] for _, body in receiver.received)
@@ -158,8 +158,11 @@ async def test_over_budget_an_incident_waits_drained_and_an_operator_decides(
     failure is drained and waits with nothing killed; an operator approves it over budget, and
     a third is denied and stays drained. Each gate is notified."""
     receiver = WebhookReceiver()
+    # Three nodes of the 5-node cluster fenced at once: past the default breaker (half the fleet), which
+    # this test is not about.
     async with fleet(temporal_env, local_stack, slurm_cluster, budget_max_nodes=1,
-                     approval_required=["replacement"], notify_webhook_url=receiver.url) as f:
+                     approval_required=["replacement"], notify_webhook_url=receiver.url,
+                     breaker_fleet_fraction=1.0, breaker_partition_fraction=1.0) as f:
         holder = await f.drill.start(DrillOptions(xid=79))
 
         async def holder_at_its_gate():

@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 # In the incident's trace: its own activities, the fleet budget's lease and the audit line of
 # its outcome (a local activity). The budget's own workflow has a trace of its own. No
 # quarantined_among: the lease's answer says which spares are lemons.
-ACTIVITIES_OF_A_FATAL_XID = {"classify_fault", "drain_node", "find_jobs", "partition_shares", "request_lease",
+ACTIVITIES_OF_A_FATAL_XID = {"classify_fault", "drain_node", "find_jobs", "fence_scope", "request_lease",
                              "signal_job", "requeue_job", "mark_node_down", "request_replacement",
                              "wait_for_spare", "verify_restart", "record_incident", "write_audit"}
 
