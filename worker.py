@@ -40,7 +40,7 @@ from contracts import search_attributes
 from contracts.audit import configure_sink, remove_sink
 from backends.kubernetes import load_api_client
 from contracts.k8s_settings import KubernetesSettings
-from contracts.settings import ConfigError, Settings, load_settings, load_telemetry_settings
+from contracts.settings import ConfigError, Settings, load_settings, load_telemetry_settings, loaded
 from observability.metrics import DEFAULT as DEFAULT_METRICS, RecoveryMetrics
 from observability.telemetry import Telemetry
 from workflows.fleet_budget import FleetBudgetWorkflow, fleet_budget_workflow_id
@@ -50,6 +50,8 @@ from workflows.return_to_service import ReturnToServiceWorkflow
 from workflows.spare_claim import SpareClaimWorkflow
 
 log = logging.getLogger("training_recovery.worker")
+
+EXIT_BAD_CONFIG = 2
 
 
 def temporal_tls(settings: Settings) -> TLSConfig | bool | None:
@@ -229,9 +231,12 @@ async def main() -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = load_settings()
+        kubernetes = loaded(KubernetesSettings) if settings.k8s_enabled else None
         telemetry = Telemetry.start(load_telemetry_settings(), settings.prometheus_address)
     except ConfigError as e:
-        sys.exit(f"worker: {e}")
+        # One line and exit 2, like `recovery`: a bad environment is not a crash to restart from.
+        print(f"worker: {e}", file=sys.stderr)
+        sys.exit(EXIT_BAD_CONFIG)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -249,7 +254,6 @@ async def main() -> None:
         if settings.audit_log is not None:
             stack.callback(remove_sink, configure_sink(settings.audit_log))
         slurm = await build_slurm(settings, stack)
-        kubernetes = KubernetesSettings() if settings.k8s_enabled else None
         async with serving(client, settings,
                            activities_for(settings, slurm, client, kubernetes=kubernetes, resources=stack),
                            **telemetry.worker_options()):
