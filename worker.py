@@ -226,9 +226,20 @@ def build_worker(client: Client, task_queue: str, activities: list, **options) -
     )
 
 
-async def main() -> None:
+# httpx logs every request's full URL at INFO, and a webhook's URL may be its secret
+# (contracts/redaction.py); httpcore's DEBUG lines hold hosts and headers.
+QUIET_LOGGERS = ("httpx", "httpcore")
+
+
+def configure_logging() -> None:
     logging.basicConfig(level=os.environ.get("RECOVERY_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+async def main() -> None:
+    configure_logging()
     try:
         settings = load_settings()
         kubernetes = loaded(KubernetesSettings) if settings.k8s_enabled else None

@@ -26,10 +26,13 @@ from pydantic_settings import (
 
 from contracts.budget import BudgetPolicy, WebhookTarget, partition_fractions_from
 from contracts.models import ApprovalGate, RecoveryPolicy, _check_node_name
+from contracts.redaction import fingerprinted_url
 
 DEFAULT_XID_POLICY = Path(__file__).with_name("xid_policy.csv")
 CONFIG_FILE_VARIABLE = "RECOVERY_CONFIG_FILE"
 MASK = "********"
+# URLs that may be a secret as a whole (a Slack-style path, a ?token=): shown as host and fingerprint.
+SECRET_URLS = frozenset({"notify_webhook_url"})
 
 
 class ConfigError(ValueError):
@@ -361,8 +364,9 @@ def describe_config(settings: Settings, telemetry: TelemetrySettings) -> list[Co
             source = next(("environment" for n in names if n in environment), None)
             if source is None and model is settings:
                 source = next((str(path) for n in names if n in in_file), None)
-            entries.append(ConfigEntry(variable=names[0], value=_shown(getattr(model, name)),
-                                       source=source or "default"))
+            value = getattr(model, name)
+            shown = fingerprinted_url(value) if name in SECRET_URLS and value else _shown(value)
+            entries.append(ConfigEntry(variable=names[0], value=shown, source=source or "default"))
     return entries
 
 
