@@ -35,7 +35,7 @@ from activities.xid_policy import ClassifyActivities, XidPolicyTable
 from backends.checkpoints import CheckpointStore
 from backends.health import HealthCheck
 from backends.replacement import HotSparePool
-from backends.slurm import SlurmCli, SlurmClient, SlurmRest, SlurmUnavailable, Unsupported
+from backends.slurm import SlurmCli, SlurmClient, SlurmRest, SlurmUnavailable, TokenFile, Unsupported
 from contracts import search_attributes
 from contracts.audit import configure_sink, remove_sink
 from backends.kubernetes import load_api_client
@@ -114,9 +114,11 @@ async def register_search_attributes(client: Client, namespace: str) -> None:
 
 async def build_slurm(settings: Settings, stack: AsyncExitStack) -> SlurmClient:
     cli = SlurmCli(slurm_conf=settings.slurm_conf, bin_dir=settings.slurm_bin_dir)
-    if not (settings.slurmrestd_url and settings.slurmrestd_token):
+    token = (TokenFile(settings.slurmrestd_token_file) if settings.slurmrestd_token_file
+             else settings.slurmrestd_token.get_secret_value() if settings.slurmrestd_token else None)
+    if not (settings.slurmrestd_url and token):
         return SlurmClient(cli)
-    rest = SlurmRest(settings.slurmrestd_url, settings.slurmrestd_user, settings.slurmrestd_token.get_secret_value())
+    rest = SlurmRest(settings.slurmrestd_url, settings.slurmrestd_user, token)
     stack.push_async_callback(rest.aclose)
     try:
         version = await rest.discover()

@@ -88,6 +88,10 @@ class Settings(BaseSettings):
     slurmrestd_token: SecretStr | None = Field(
         None, validation_alias=AliasChoices("SLURMRESTD_TOKEN", "RECOVERY_SLURMRESTD_TOKEN")
     )
+    slurmrestd_token_file: Path | None = Field(
+        None, validation_alias=AliasChoices("SLURMRESTD_TOKEN_FILE", "RECOVERY_SLURMRESTD_TOKEN_FILE"),
+        description="a file holding the slurmrestd JWT (instead of SLURMRESTD_TOKEN), read again whenever it "
+        "changes, so that a renewer can replace a short-lived token without a restart")
 
     xid_policy_file: Path = DEFAULT_XID_POLICY
     owner: str = "recovery"
@@ -160,6 +164,25 @@ class Settings(BaseSettings):
 
     _secrets_not_blank = field_validator(
         "temporal_api_key", "slurmrestd_token", "notify_bearer_token", "notify_hmac_secret")(secret_not_blank)
+
+    @field_validator("slurmrestd_token_file")
+    @classmethod
+    def _token_file_holds_a_token(cls, value: Path | None) -> Path | None:
+        # Read now, so that a missing or empty file stops the start-up, not the first Slurm call.
+        if value is not None:
+            try:
+                token = value.read_text()
+            except OSError as e:
+                raise ValueError(f"cannot read {value}: {e.strerror}") from None
+            if not token.strip():
+                raise ValueError(f"{value} is empty")
+        return value
+
+    @model_validator(mode="after")
+    def _one_slurmrestd_token(self) -> Settings:
+        if self.slurmrestd_token is not None and self.slurmrestd_token_file is not None:
+            raise ValueError("set SLURMRESTD_TOKEN or SLURMRESTD_TOKEN_FILE, not both")
+        return self
 
     @field_validator("spare_nodes")
     @classmethod
