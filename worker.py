@@ -112,10 +112,16 @@ async def register_search_attributes(client: Client, namespace: str) -> None:
         log.info("registered search attributes %s", ", ".join(sorted(missing)))
 
 
+def slurmrestd_token(settings: Settings) -> str | TokenFile | None:
+    """The JWT as configured: a file, read again whenever a renewer replaces it, or the value."""
+    if settings.slurmrestd_token_file is not None:
+        return TokenFile(settings.slurmrestd_token_file)
+    return settings.slurmrestd_token.get_secret_value() if settings.slurmrestd_token else None
+
+
 async def build_slurm(settings: Settings, stack: AsyncExitStack) -> SlurmClient:
     cli = SlurmCli(slurm_conf=settings.slurm_conf, bin_dir=settings.slurm_bin_dir)
-    token = (TokenFile(settings.slurmrestd_token_file) if settings.slurmrestd_token_file
-             else settings.slurmrestd_token.get_secret_value() if settings.slurmrestd_token else None)
+    token = slurmrestd_token(settings)
     if not (settings.slurmrestd_url and token):
         return SlurmClient(cli)
     rest = SlurmRest(settings.slurmrestd_url, settings.slurmrestd_user, token)
