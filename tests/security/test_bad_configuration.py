@@ -40,6 +40,8 @@ BAD_ENVIRONMENTS = {
     "empty webhook HMAC secret": {"RECOVERY_NOTIFY_WEBHOOK_URL": "https://hooks.example.net/x",
                                   "RECOVERY_NOTIFY_HMAC_SECRET": ""},
     "empty OTLP headers": {"OTEL_EXPORTER_OTLP_HEADERS": ""},
+    "blank webhook URL": {"RECOVERY_NOTIFY_WEBHOOK_URL": "  "},
+    "empty Slurm token file": {"SLURMRESTD_TOKEN_FILE": "/dev/null"},
 }
 
 
