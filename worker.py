@@ -35,12 +35,12 @@ from activities.xid_policy import ClassifyActivities, XidPolicyTable
 from backends.checkpoints import CheckpointStore
 from backends.health import HealthCheck
 from backends.replacement import HotSparePool
-from backends.slurm import SlurmCli, SlurmClient, SlurmRest, SlurmUnavailable, Unsupported
+from backends.slurm import SlurmCli, SlurmClient, SlurmRest, SlurmUnavailable, TokenFile, Unsupported
 from contracts import search_attributes
 from contracts.audit import configure_sink, remove_sink
 from backends.kubernetes import load_api_client
 from contracts.k8s_settings import KubernetesSettings
-from contracts.settings import ConfigError, Settings, load_settings, load_telemetry_settings
+from contracts.settings import ConfigError, Settings, load_settings, load_telemetry_settings, loaded
 from observability.metrics import DEFAULT as DEFAULT_METRICS, RecoveryMetrics
 from observability.telemetry import Telemetry
 from workflows.fleet_budget import FleetBudgetWorkflow, fleet_budget_workflow_id
@@ -50,6 +50,8 @@ from workflows.return_to_service import ReturnToServiceWorkflow
 from workflows.spare_claim import SpareClaimWorkflow
 
 log = logging.getLogger("training_recovery.worker")
+
+EXIT_BAD_CONFIG = 2
 
 
 def temporal_tls(settings: Settings) -> TLSConfig | bool | None:
@@ -110,11 +112,19 @@ async def register_search_attributes(client: Client, namespace: str) -> None:
         log.info("registered search attributes %s", ", ".join(sorted(missing)))
 
 
+def slurmrestd_token(settings: Settings) -> str | TokenFile | None:
+    """The JWT as configured: a file, read again whenever a renewer replaces it, or the value."""
+    if settings.slurmrestd_token_file is not None:
+        return TokenFile(settings.slurmrestd_token_file)
+    return settings.slurmrestd_token.get_secret_value() if settings.slurmrestd_token else None
+
+
 async def build_slurm(settings: Settings, stack: AsyncExitStack) -> SlurmClient:
     cli = SlurmCli(slurm_conf=settings.slurm_conf, bin_dir=settings.slurm_bin_dir)
-    if not (settings.slurmrestd_url and settings.slurmrestd_token):
+    token = slurmrestd_token(settings)
+    if not (settings.slurmrestd_url and token):
         return SlurmClient(cli)
-    rest = SlurmRest(settings.slurmrestd_url, settings.slurmrestd_user, settings.slurmrestd_token.get_secret_value())
+    rest = SlurmRest(settings.slurmrestd_url, settings.slurmrestd_user, token)
     stack.push_async_callback(rest.aclose)
     try:
         version = await rest.discover()
@@ -225,14 +235,28 @@ def build_worker(client: Client, task_queue: str, activities: list, **options) -
     )
 
 
-async def main() -> None:
+# httpx logs every request's full URL at INFO, and a webhook's URL may be its secret
+# (contracts/redaction.py); httpcore's DEBUG lines hold hosts and headers.
+QUIET_LOGGERS = ("httpx", "httpcore")
+
+
+def configure_logging() -> None:
     logging.basicConfig(level=os.environ.get("RECOVERY_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+async def main() -> None:
+    configure_logging()
     try:
         settings = load_settings()
+        kubernetes = loaded(KubernetesSettings) if settings.k8s_enabled else None
         telemetry = Telemetry.start(load_telemetry_settings(), settings.prometheus_address)
     except ConfigError as e:
-        sys.exit(f"worker: {e}")
+        # One line and exit 2, like `recovery`: a bad environment is not a crash to restart from.
+        print(f"worker: {e}", file=sys.stderr)
+        sys.exit(EXIT_BAD_CONFIG)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -250,7 +274,6 @@ async def main() -> None:
         if settings.audit_log is not None:
             stack.callback(remove_sink, configure_sink(settings.audit_log))
         slurm = await build_slurm(settings, stack)
-        kubernetes = KubernetesSettings() if settings.k8s_enabled else None
         async with serving(client, settings,
                            activities_for(settings, slurm, client, kubernetes=kubernetes, resources=stack),
                            **telemetry.worker_options()):

@@ -6,8 +6,10 @@ final (the receiver refuses this payload; sending it again will not change that)
 
 Each attempt carries the same Idempotency-Key, so a receiver can drop a retried delivery; with
 a secret, an HMAC-SHA256 signature of "<timestamp>.<body>" (X-Recovery-Signature: sha256=<hex>);
-with a token, Authorization: Bearer. Secrets never appear in errors or logs, and neither does
-the URL's query string or user info (a token is often put there).
+with a token, Authorization: Bearer. Secrets never appear in errors, results or logs, and
+neither does the URL beyond its scheme, host and port (user info, path and query often hold a
+token): it is shown with a fingerprint (contracts/redaction.py), and the worker keeps httpx,
+which logs every URL, at WARNING.
 """
 
 from __future__ import annotations

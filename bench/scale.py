@@ -67,7 +67,7 @@ async def calibrate(bench: BenchStack, samples: int = 5) -> tuple[dict[str, floa
     settings = Settings(
         TEMPORAL_ADDRESS=bench.settings.temporal_address, SLURM_CONF=bench.cluster["SLURM_CONF"],
         SLURM_BIN_DIR=bench.cluster.get("SLURM_BIN_DIR", ""), SLURMRESTD_URL=bench.cluster["SLURMRESTD_URL"],
-        SLURMRESTD_USER=bench.cluster["SLURMRESTD_USER"], SLURMRESTD_TOKEN=bench.cluster["SLURMRESTD_TOKEN"])
+        SLURMRESTD_USER=bench.cluster["SLURMRESTD_USER"], SLURMRESTD_TOKEN_FILE=bench.cluster["SLURMRESTD_TOKEN_FILE"])
     timings: dict[str, list[float]] = {op: [] for op in OPERATIONS}
 
     async def timed(operation: str, call: Awaitable) -> None:

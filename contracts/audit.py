@@ -1,17 +1,24 @@
 """The audit trail: every action and decision as one structured JSON line, beside the Temporal
 history that keeps it durably.
 
-Lines go to the `training_recovery.audit` logger: side effects through record() (from the
-activities that did them), workflow decisions through write_event() (from the local activity
-that workflows/audit_trail.py schedules, so that a replay never writes them again).
-configure_sink() appends them to a file as JSON lines, one flushed write per line
-(RECOVERY_AUDIT_LOG).
+Lines are written by write_events(): side effects through record() (from the activities that did
+them), workflow decisions from the local activities that workflows/audit_trail.py schedules (so
+that a replay never writes them again). configure_sink() appends them to a file
+(RECOVERY_AUDIT_LOG), and every line also goes to the `training_recovery.audit` logger.
+
+The file is durable before the write returns: each batch of lines is one write, then one fsync,
+through a file opened for that batch alone, so that logrotate's move-and-create needs no signal.
+A line that cannot be written (disk full, no permission) raises, so that the activity fails and
+Temporal retries it. A crash in the middle of a write leaves a torn last line: the next batch
+starts on a new line, and a reader drops the line that is not JSON.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
+import threading
 from datetime import datetime
 from pathlib import Path
 from typing import Literal
@@ -51,7 +58,16 @@ class AuditEvent(Contract):
 
 
 def write_event(event: AuditEvent) -> None:
-    audit_log.info(event.model_dump_json())
+    write_events([event])
+
+
+def write_events(events: list[AuditEvent]) -> None:
+    """Append the lines to every configured file (raising OSError if one cannot), then log them."""
+    lines = [event.model_dump_json() for event in events]
+    for sink in list(_sinks):
+        sink.append(lines)
+    for line in lines:
+        audit_log.info(line)
 
 
 def record(action: str, target: str, via: str | Invocation, ctx: ActionContext, detail: str = "") -> ActionRecord:
@@ -71,28 +87,51 @@ def record(action: str, target: str, via: str | Invocation, ctx: ActionContext, 
     return entry
 
 
-class JsonLinesSink(logging.FileHandler):
-    """Appends each audit line to a file and flushes it (StreamHandler flushes after every record)."""
+class AuditFile:
+    """A JSON-lines file, appended to a batch at a time (see the module's docstring)."""
+
+    MODE = 0o640  # a new file: readable by the log readers' group, not by everyone
 
     def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        super().__init__(path, mode="a", encoding="utf-8")
-        self.setFormatter(logging.Formatter("%(message)s"))
+        self.path = path
+        self._lock = threading.Lock()  # the local activities write from threads
+
+    def append(self, lines: list[str]) -> None:
+        data = "".join(line + "\n" for line in lines).encode()
+        with self._lock:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, self.MODE)
+            try:
+                if self._ends_in_a_torn_line(fd):
+                    data = b"\n" + data
+                unwritten = memoryview(data)
+                while unwritten:
+                    unwritten = unwritten[os.write(fd, unwritten):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    @staticmethod
+    def _ends_in_a_torn_line(fd: int) -> bool:
+        size = os.fstat(fd).st_size
+        return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
 
 
-def configure_sink(path: Path) -> JsonLinesSink:
-    """Send the audit lines to `path` too (idempotent per path); they still reach the other log handlers."""
+_sinks: list[AuditFile] = []
+
+
+def configure_sink(path: Path) -> AuditFile:
+    """Append the audit lines to `path` too (idempotent per path); they still reach the logger's handlers."""
     path = path.resolve()
-    for handler in audit_log.handlers:
-        if isinstance(handler, JsonLinesSink) and Path(handler.baseFilename) == path:
-            return handler
-    sink = JsonLinesSink(path)
-    audit_log.addHandler(sink)
-    # The audit lines are written whatever level the rest of the logging runs at.
+    for sink in _sinks:
+        if sink.path == path:
+            return sink
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sink = AuditFile(path)
+    _sinks.append(sink)
+    # The audit lines are logged whatever level the rest of the logging runs at.
     audit_log.setLevel(logging.INFO)
     return sink
 
 
-def remove_sink(sink: JsonLinesSink) -> None:
-    audit_log.removeHandler(sink)
-    sink.close()
+def remove_sink(sink: AuditFile) -> None:
+    _sinks.remove(sink)

@@ -19,6 +19,7 @@ from pydantic import Field, SecretStr, model_validator
 
 from contracts.audit import ActorKind
 from contracts.models import Actor, Contract, NodeName, OperatorDecision
+from contracts.redaction import fingerprinted_url
 
 IncidentId = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\n\r]+$")]
 # A Temporal run id: a UUID, as the server writes it.
@@ -419,7 +420,5 @@ class WebhookTarget(Contract):
 
     @property
     def redacted_url(self) -> str:
-        """The URL without user info or query string, for errors and logs."""
-        parts = urlsplit(self.url)
-        host = parts.hostname or ""
-        return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}{parts.path}"
+        """For errors, logs and histories: the URL itself may be the secret (contracts/redaction.py)."""
+        return fingerprinted_url(self.url)

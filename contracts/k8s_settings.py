@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.kubernetes import NodeSetRef, TaintEffect
+from contracts.settings import secret_not_blank
 
 ReplacementKind = Literal["nodeset", "node-lifecycle", "http"]
 
@@ -70,6 +71,8 @@ class KubernetesSettings(BaseSettings):
     http_token_file: Path | None = Field(None, description="a file holding the token (instead of http_token)")
     http_timeout_seconds: float = Field(1800.0, gt=0, description="how long a replacement may take")
     http_poll_seconds: float = Field(10.0, gt=0)
+
+    _secrets_not_blank = field_validator("http_token")(secret_not_blank)
 
     @field_validator("replace_label")
     @classmethod

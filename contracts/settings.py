@@ -8,10 +8,11 @@ OTEL_* environment variables (TelemetrySettings), which its SDK reads itself.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from dotenv import dotenv_values
@@ -19,14 +20,19 @@ from pydantic import (
     AliasChoices, BaseModel, Field, JsonValue, SecretStr, ValidationError, ValidationInfo, field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, DotEnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings, DotEnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError,
+)
 
 from contracts.budget import BudgetPolicy, WebhookTarget, partition_fractions_from
 from contracts.models import ApprovalGate, RecoveryPolicy, _check_node_name
+from contracts.redaction import fingerprinted_url
 
 DEFAULT_XID_POLICY = Path(__file__).with_name("xid_policy.csv")
 CONFIG_FILE_VARIABLE = "RECOVERY_CONFIG_FILE"
 MASK = "********"
+# URLs that may be a secret as a whole (a Slack-style path, a ?token=): shown as host and fingerprint.
+SECRET_URLS = frozenset({"notify_webhook_url"})
 
 
 class ConfigError(ValueError):
@@ -41,6 +47,13 @@ def config_file() -> Path | None:
     if not path.is_file():
         raise ConfigError(f"{CONFIG_FILE_VARIABLE}={value}: no such file")
     return path
+
+
+def secret_not_blank(value: SecretStr | None) -> SecretStr | None:
+    """A secret set to nothing (an empty value left in a manifest) is refused: unset it instead."""
+    if value is not None and not value.get_secret_value().strip():
+        raise ValueError("empty or whitespace only: leave it unset, or give the secret")
+    return value
 
 
 class Settings(BaseSettings):
@@ -75,6 +88,10 @@ class Settings(BaseSettings):
     slurmrestd_token: SecretStr | None = Field(
         None, validation_alias=AliasChoices("SLURMRESTD_TOKEN", "RECOVERY_SLURMRESTD_TOKEN")
     )
+    slurmrestd_token_file: Path | None = Field(
+        None, validation_alias=AliasChoices("SLURMRESTD_TOKEN_FILE", "RECOVERY_SLURMRESTD_TOKEN_FILE"),
+        description="a file holding the slurmrestd JWT (instead of SLURMRESTD_TOKEN), read again whenever it "
+        "changes, so that a renewer can replace a short-lived token without a restart")
 
     xid_policy_file: Path = DEFAULT_XID_POLICY
     owner: str = "recovery"
@@ -87,7 +104,8 @@ class Settings(BaseSettings):
     search_attributes: bool = True
     # Safety (RecoveryPolicy documents each): observe mode, approval gates, application XIDs, repair.
     dry_run: bool = False
-    approval_required: list[ApprovalGate] = Field(default_factory=list)
+    # NoDecode: _json_list decodes it, so that a value that is not JSON is named in one line.
+    approval_required: Annotated[list[ApprovalGate], NoDecode] = Field(default_factory=list)
     approval_min_job_nodes: int = 1
     approval_timeout_seconds: float = 3600.0
     approval_timeout_action: Literal["deny", "approve"] = "deny"
@@ -139,6 +157,38 @@ class Settings(BaseSettings):
         if path is None:
             return init_settings, env_settings
         return init_settings, env_settings, DotEnvSettingsSource(settings_cls, env_file=path)
+
+    @field_validator("approval_required", mode="before")
+    @classmethod
+    def _json_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError:
+                raise ValueError(f"{value!r} is not a JSON list: write e.g. '[\"requeue\",\"replacement\"]'") from None
+        return value
+
+    _secrets_not_blank = field_validator(
+        "temporal_api_key", "slurmrestd_token", "notify_bearer_token", "notify_hmac_secret")(secret_not_blank)
+
+    @field_validator("slurmrestd_token_file")
+    @classmethod
+    def _token_file_holds_a_token(cls, value: Path | None) -> Path | None:
+        # Read now, so that a missing or empty file stops the start-up, not the first Slurm call.
+        if value is not None:
+            try:
+                token = value.read_text()
+            except OSError as e:
+                raise ValueError(f"cannot read {value}: {e.strerror}") from None
+            if not token.strip():
+                raise ValueError(f"{value} is empty")
+        return value
+
+    @model_validator(mode="after")
+    def _one_slurmrestd_token(self) -> Settings:
+        if self.slurmrestd_token is not None and self.slurmrestd_token_file is not None:
+            raise ValueError("set SLURMRESTD_TOKEN or SLURMRESTD_TOKEN_FILE, not both")
+        return self
 
     @field_validator("spare_nodes")
     @classmethod
@@ -265,6 +315,8 @@ class TelemetrySettings(BaseSettings):
     exporter_otlp_headers: SecretStr | None = Field(None, description="often an API key: masked when printed")
     metric_export_interval: int = Field(60000, gt=0, description="milliseconds between metric exports")
 
+    _secrets_not_blank = field_validator("exporter_otlp_headers")(secret_not_blank)
+
     def traces(self) -> TelemetryExporter:
         return self._exporter(self.traces_exporter, self.exporter_otlp_traces_endpoint)
 
@@ -282,19 +334,26 @@ class TelemetrySettings(BaseSettings):
 # --- loading and printing ----------------------------------------------------------------------
 
 
+SettingsModel = TypeVar("SettingsModel", bound=BaseSettings)
+
+
 def load_settings(**overrides) -> Settings:
     """Settings() with errors that name the variable to fix."""
-    try:
-        return Settings(**overrides)
-    except ValidationError as e:
-        raise ConfigError(_explain(e, Settings)) from None
+    return loaded(Settings, **overrides)
 
 
 def load_telemetry_settings() -> TelemetrySettings:
+    return loaded(TelemetrySettings)
+
+
+def loaded(model: type[SettingsModel], **overrides) -> SettingsModel:
+    """model(**overrides) read from its sources; a bad value raises ConfigError naming its variable."""
     try:
-        return TelemetrySettings()
+        return model(**overrides)
     except ValidationError as e:
-        raise ConfigError(_explain(e, TelemetrySettings)) from None
+        raise ConfigError(_explain(e, model)) from None
+    except SettingsError as e:  # a value a source could not decode (pydantic-settings names the field)
+        raise ConfigError(f"invalid configuration: {e}") from None
 
 
 def _explain(error: ValidationError, model: type[BaseSettings]) -> str:
@@ -337,8 +396,9 @@ def describe_config(settings: Settings, telemetry: TelemetrySettings) -> list[Co
             source = next(("environment" for n in names if n in environment), None)
             if source is None and model is settings:
                 source = next((str(path) for n in names if n in in_file), None)
-            entries.append(ConfigEntry(variable=names[0], value=_shown(getattr(model, name)),
-                                       source=source or "default"))
+            value = getattr(model, name)
+            shown = fingerprinted_url(value) if name in SECRET_URLS and value else _shown(value)
+            entries.append(ConfigEntry(variable=names[0], value=shown, source=source or "default"))
     return entries
 
 

@@ -394,7 +394,7 @@ class SimulatedKubernetes:
         return load_settings(
             SLURM_CONF=cluster["SLURM_CONF"], SLURM_BIN_DIR=cluster.get("SLURM_BIN_DIR", ""),
             SLURMRESTD_URL=cluster["SLURMRESTD_URL"], SLURMRESTD_USER=cluster["SLURMRESTD_USER"],
-            SLURMRESTD_TOKEN=cluster["SLURMRESTD_TOKEN"], health_check=self._drill.stack.health_check,
+            SLURMRESTD_TOKEN_FILE=cluster["SLURMRESTD_TOKEN_FILE"], health_check=self._drill.stack.health_check,
             task_queue=self.task_queue,  # the fleet budget runs where its incidents do
         )
 

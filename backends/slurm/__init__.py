@@ -15,7 +15,7 @@ from backends.slurm.api import (
 )
 from backends.slurm.cli import SlurmCli
 from backends.slurm.client import SlurmClient
-from backends.slurm.rest import SlurmRest
+from backends.slurm.rest import SlurmRest, TokenFile
 
 __all__ = [
     "NodeUpdate",
@@ -27,5 +27,6 @@ __all__ = [
     "SlurmNotFound",
     "SlurmRest",
     "SlurmUnavailable",
+    "TokenFile",
     "Unsupported",
 ]

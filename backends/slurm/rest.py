@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Generator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -64,15 +66,52 @@ def _says_not_found(error: dict[str, Any]) -> bool:
             or (text.strip().startswith("No error Failure to query node") and not error.get("error_number")))
 
 
+class TokenFile:
+    """A JWT in a file that a renewer replaces (a new file renamed over the old one, as
+    `scontrol token` output or the bare token): read again whenever the file has changed, so a
+    short-lived token is rotated without restarting the worker."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._token = ""
+        self._read_version: tuple[int, int, int] | None = None  # (inode, mtime, size) of the file read
+
+    def __call__(self) -> str:
+        try:
+            stat = self.path.stat()
+            version = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            if version != self._read_version:
+                token = self.path.read_text().strip().removeprefix("SLURM_JWT=")
+                if not token:
+                    raise SlurmUnavailable(f"the slurmrestd token file {self.path} is empty")
+                self._token, self._read_version = token, version
+        except OSError as e:
+            raise SlurmUnavailable(f"cannot read the slurmrestd token file {self.path}: {e.strerror}") from None
+        return self._token
+
+
+class _SlurmJwt(httpx.Auth):
+    """slurmrestd's headers, the token as it is now on each request."""
+
+    def __init__(self, user: str, token: Callable[[], str]):
+        self._user = user
+        self._token = token
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        request.headers["X-SLURM-USER-NAME"] = self._user
+        request.headers["X-SLURM-USER-TOKEN"] = self._token()
+        yield request
+
+
 class SlurmRest:
     path = "rest"
     # In dry-run every write is described, not sent (SlurmClient.planning()); reads still run.
     dry_run = False
 
-    def __init__(self, url: str, user: str, token: str, timeout: float = 10.0):
+    def __init__(self, url: str, user: str, token: str | TokenFile, timeout: float = 10.0):
         self._http = httpx.AsyncClient(
             base_url=url.rstrip("/"),
-            headers={"X-SLURM-USER-NAME": user, "X-SLURM-USER-TOKEN": token},
+            auth=_SlurmJwt(user, token if isinstance(token, TokenFile) else lambda: token),
             timeout=timeout,
         )
         self.version: str | None = None

@@ -14,12 +14,15 @@
 # What differs between Slurm generations is keyed on the version of the binaries
 # (slurmctld -V), never on the Debian release.
 #
-#   slurm-cluster.sh start|stop|status|env|version|node-kill NODE|slurmctld-restart
+#   slurm-cluster.sh start|stop|status|env|version|node-kill NODE|slurmctld-restart|token
 #
 # Knobs (environment): SLURM_BASE (/tmp/training-recovery/slurm), SLURM_NODES (4),
 # SLURM_SPARES (1), SLURM_PORT_BASE (16800: ctld +17, restd +20, slurmd +101..),
 # SLURM_ROOT (empty: the host's Slurm), SLURM_CLEAN_STATE (empty; 1: a start that finds no
-# slurmctld running forgets the saved nodes and jobs). start is idempotent: a running cluster with the same
+# slurmctld running forgets the saved nodes and jobs), SLURM_TOKEN_LIFESPAN (3600: seconds a
+# slurmrestd JWT is valid). The JWT (root's) is in $BASE/etc/slurmrestd.jwt, mode 0600, never in
+# env.sh: a renewer started with the cluster replaces it at half its lifespan, and `token` does
+# now; the worker reads the file again when it changes (SLURMRESTD_TOKEN_FILE). start is idempotent: a running cluster with the same
 # knobs is left alone; with other knobs it is restarted (a BASE keeps its SLURM_ROOT: stop it
 # and remove BASE to move it). stop kills only processes of this BASE: those in its pid files,
 # its nodes' namespaces, and (in a root) the root's processes configured by its slurm.conf.
@@ -33,10 +36,14 @@ ROOT=${ROOT%/}
 NODES=${SLURM_NODES:-4}
 SPARES=${SLURM_SPARES:-1}
 PORT_BASE=${SLURM_PORT_BASE:-16800}
+TOKEN_LIFESPAN=${SLURM_TOKEN_LIFESPAN:-3600}
+[[ $TOKEN_LIFESPAN =~ ^[0-9]+$ ]] && [ "$TOKEN_LIFESPAN" -ge 2 ] || {
+  echo "slurm-cluster: error: SLURM_TOKEN_LIFESPAN=$TOKEN_LIFESPAN: seconds, at least 2" >&2; exit 2; }
 CTLD_PORT=$((PORT_BASE + 17))
 RESTD_PORT=$((PORT_BASE + 20))
 SLURMD_PORT0=$((PORT_BASE + 100))
 CONF=$BASE/etc/slurm.conf
+TOKEN_FILE=$BASE/etc/slurmrestd.jwt
 IN_ROOT=()
 SPARE_REASON="recovery: hot spare standby"
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -265,13 +272,12 @@ WRAPPER
 }
 
 write_env() {
-  local token=$1
   cat > "$BASE/env.sh" <<ENV
 # source me: the local Slurm cluster started by deploy/local/slurm-cluster.sh
 export SLURM_CONF=$CONF
 export SLURMRESTD_URL=http://127.0.0.1:$RESTD_PORT
 export SLURMRESTD_USER=root
-export SLURMRESTD_TOKEN=$token
+export SLURMRESTD_TOKEN_FILE=$TOKEN_FILE
 export SLURM_LOCAL_BASE=$BASE
 export SLURM_SPARE_NODES=$(spare_names | paste -sd, -)
 # the Slurm commands to use for this cluster (empty: those on PATH) and their version
@@ -380,6 +386,35 @@ nodes_registered() {
   [ -n "$states" ] && ! grep -qE '\*|unknown|not_responding' <<<"$states"
 }
 
+# A new JWT for root into TOKEN_FILE: written beside it with mode 0600, then renamed over it, so
+# that a reader sees the old token or the new one, never half of one.
+issue_token() {
+  local token
+  token=$(slurm scontrol token username=root lifespan="$TOKEN_LIFESPAN" | sed 's/^SLURM_JWT=//')
+  [ -n "$token" ] || die "scontrol token gave no token"
+  rm -f "$TOKEN_FILE.new"
+  (umask 077 && printf '%s\n' "$token" > "$TOKEN_FILE.new")
+  mv -f "$TOKEN_FILE.new" "$TOKEN_FILE"
+}
+
+# Renew the token at half its lifespan, for as long as the cluster runs (a failed renewal is
+# tried again in 10 s: the old token is still valid for the other half).
+renew_tokens() {
+  while :; do
+    if sleep $((TOKEN_LIFESPAN / 2)) && (issue_token); then continue; fi  # (): its die ends the subshell only
+    log "token renewal failed; trying again in 10 s"; sleep 10
+  done
+}
+
+start_token_renewer() {
+  local pidfile="$BASE/run/token-renewer.pid" pid
+  # One renewer, with this start's lifespan: the one before goes, with its sleep (its own group).
+  pid=$(pid_in "$pidfile")
+  [ -z "$pid" ] || kill -TERM -- "-$pid" 2>/dev/null || true
+  setsid bash "$HERE/slurm-cluster.sh" renew-tokens </dev/null >>"$BASE/log/token-renewer.log" 2>&1 &
+  echo $! > "$pidfile"
+}
+
 restd_answers() {
   curl -fsS -o /dev/null -H "X-SLURM-USER-NAME: root" -H "X-SLURM-USER-TOKEN: $1" \
     "http://127.0.0.1:$RESTD_PORT/slurm/$2/ping"
@@ -409,12 +444,13 @@ cmd_start() {
     slurm scontrol show node -o "$node" 2>/dev/null | grep -q 'Comment=(null)' || continue
     slurm scontrol update NodeName="$node" State=DRAIN Reason="$SPARE_REASON" 2>/dev/null || true
   done
-  local token api
-  token=$(slurm scontrol token username=root lifespan=2592000 | sed 's/^SLURM_JWT=//')
+  local api
+  issue_token
+  start_token_renewer
   start_slurmrestd
   api=$(restd_newest_version)
-  wait_until "slurmrestd" 100 restd_answers "$token" "$api"
-  write_env "$token"
+  wait_until "slurmrestd" 100 restd_answers "$(cat "$TOKEN_FILE")" "$api"
+  write_env
   log "up: Slurm $VERSION${ROOT:+ from $ROOT}: $(node_names | paste -sd' ' -) (spares: $(spare_names | paste -sd' ' -)); source $BASE/env.sh"
 }
 
@@ -448,7 +484,9 @@ cmd_stop() {
   [ -d "$BASE/run" ] || return 0
   # the pids are read first: a daemon removes its pid file as it exits (unquoted below: an
   # empty pid is no argument)
-  local restd ctld munged f pid nodes=()
+  local restd ctld munged renewer f pid nodes=()
+  renewer=$(pid_in "$BASE/run/token-renewer.pid")
+  [ -z "$renewer" ] || kill -TERM -- "-$renewer" 2>/dev/null || true
   restd=$(pid_in "$BASE/run/slurmrestd.pid")
   ctld=$(pid_in "$BASE/run/slurmctld.pid")
   munged=$(pid_in "$BASE/run/munged.pid")
@@ -519,6 +557,8 @@ case "${1:-}" in
   env) cat "$BASE/env.sh" ;;
   node-kill) cmd_node_kill "${2:-}" ;;
   slurmctld-restart) cmd_slurmctld_restart ;;
+  token) use_root "$(root_of_base)"; issue_token ;;
+  renew-tokens) use_root "$(root_of_base)"; renew_tokens ;;
   version) use_root "$ROOT"; ensure_slurm; echo "$VERSION" ;;
-  *) echo "usage: $0 start|stop|status|env|version|node-kill NODE|slurmctld-restart" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|status|env|version|node-kill NODE|slurmctld-restart|token" >&2; exit 2 ;;
 esac

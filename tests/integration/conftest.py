@@ -22,7 +22,7 @@ def stack_settings(local_stack, cluster: dict[str, str], task_queue: str, **over
         SLURM_BIN_DIR=cluster.get("SLURM_BIN_DIR", ""),
         SLURMRESTD_URL=cluster["SLURMRESTD_URL"],
         SLURMRESTD_USER=cluster["SLURMRESTD_USER"],
-        SLURMRESTD_TOKEN=cluster["SLURMRESTD_TOKEN"],
+        SLURMRESTD_TOKEN_FILE=cluster["SLURMRESTD_TOKEN_FILE"],
         task_queue=task_queue,
         spare_nodes=cluster["SLURM_SPARE_NODES"],
         health_check=local_stack.health_check,

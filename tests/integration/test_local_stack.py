@@ -177,7 +177,7 @@ def test_slurmrestd_serves_the_generations_api_versions(cluster):
     response = httpx.get(
         f"{cluster.env['SLURMRESTD_URL']}/openapi/v3", timeout=30,
         headers={"X-SLURM-USER-NAME": cluster.env["SLURMRESTD_USER"],
-                 "X-SLURM-USER-TOKEN": cluster.env["SLURMRESTD_TOKEN"]},
+                 "X-SLURM-USER-TOKEN": Path(cluster.env["SLURMRESTD_TOKEN_FILE"]).read_text().strip()},
     )
     response.raise_for_status()
     versions = {m.group(1) for path in response.json()["paths"] if (m := re.match(r"/slurm/(v0\.0\.\d+)/", path))}

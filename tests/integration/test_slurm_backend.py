@@ -5,12 +5,13 @@ OpenAPI document the running slurmrestd serves."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import httpx
 import pytest
 
 from backends.replacement import SPARE_STANDBY_REASON, HotSparePool
-from backends.slurm import SlurmCli, SlurmClient, SlurmNotFound, SlurmRest, SlurmUnavailable
+from backends.slurm import SlurmCli, SlurmClient, SlurmNotFound, SlurmRest, SlurmUnavailable, TokenFile
 from backends.slurm.parse import JOB_FIELDS, NODE_FIELDS
 from backends.slurm.rest import ENDPOINTS, KNOWN_VERSIONS
 from contracts.models import ActionContext
@@ -23,7 +24,7 @@ COMPUTE_NODE = "gpu-4"  # no drill job lands here while a test runs alone
 async def backends(slurm_cluster):
     cli = SlurmCli(slurm_conf=slurm_cluster["SLURM_CONF"], bin_dir=slurm_cluster.get("SLURM_BIN_DIR", ""))
     rest = SlurmRest(slurm_cluster["SLURMRESTD_URL"], slurm_cluster["SLURMRESTD_USER"],
-                     slurm_cluster["SLURMRESTD_TOKEN"])
+                     TokenFile(Path(slurm_cluster["SLURMRESTD_TOKEN_FILE"])))
     await rest.discover()
     yield cli, rest, SlurmClient(cli, rest)
     await rest.aclose()
@@ -34,7 +35,7 @@ async def openapi(slurm_cluster) -> dict:
     async with httpx.AsyncClient() as http:
         resp = await http.get(f"{slurm_cluster['SLURMRESTD_URL']}/openapi/v3", headers={
             "X-SLURM-USER-NAME": slurm_cluster["SLURMRESTD_USER"],
-            "X-SLURM-USER-TOKEN": slurm_cluster["SLURMRESTD_TOKEN"],
+            "X-SLURM-USER-TOKEN": Path(slurm_cluster["SLURMRESTD_TOKEN_FILE"]).read_text().strip(),
         })
         resp.raise_for_status()
         return resp.json()

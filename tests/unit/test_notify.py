@@ -19,7 +19,11 @@ NOTIFICATION = Notification(kind=NotificationKind.RECOVERED, incident_id="gpu-2-
                             at=datetime(2026, 12, 1, tzinfo=timezone.utc), summary="recovered", details={"jobs": "42"})
 URL = "https://hooks.example.net:8443/recovery?token=query-token"
 URL_WITH_PASSWORD = "https://user:url-password@hooks.example.net:8443/recovery?token=query-token"
-SHOWN_URL = "https://hooks.example.net:8443/recovery"
+
+
+def shown(url: str) -> str:
+    """Where it goes and a fingerprint of the whole URL (contracts/redaction.py)."""
+    return f"https://hooks.example.net:8443 (sha256:{hashlib.sha256(url.encode()).hexdigest()[:12]})"
 
 
 def target(url: str = URL, **fields) -> WebhookTarget:
@@ -51,7 +55,7 @@ async def test_a_delivery_is_one_signed_json_post():
     assert headers["authorization"] == "Bearer bearer-token"
     signed = headers["x-recovery-timestamp"].encode() + b"." + request.content
     assert headers["x-recovery-signature"] == "sha256=" + hmac.new(b"hmac-secret", signed, hashlib.sha256).hexdigest()
-    assert result.detail == f"{SHOWN_URL} answered 204"
+    assert result.detail == f"{shown(URL)} answered 204"
 
 
 def test_a_bearer_token_and_a_password_in_the_url_are_refused_together():
@@ -74,7 +78,7 @@ async def test_server_errors_and_throttling_are_retried(status):
     with pytest.raises(ApplicationError) as failed:
         await deliver(target(URL_WITH_PASSWORD), lambda _: httpx.Response(status))
     assert failed.value.type == "WebhookUnavailable" and not failed.value.non_retryable
-    assert failed.value.message == f"{SHOWN_URL} answered {status}"
+    assert failed.value.message == f"{shown(URL_WITH_PASSWORD)} answered {status}"
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
@@ -92,7 +96,7 @@ async def test_a_network_error_is_retried_and_says_nothing_secret():
         await deliver(target(URL_WITH_PASSWORD), unreachable)
     error = failed.value
     assert error.type == "WebhookUnavailable" and not error.non_retryable
-    assert error.message == f"ConnectError reaching {SHOWN_URL}"
+    assert error.message == f"ConnectError reaching {shown(URL_WITH_PASSWORD)}"
     assert error.__cause__ is None and error.__suppress_context__  # httpx's message (with the URL) is dropped
 
 
