@@ -36,7 +36,9 @@ class Authenticator:
         """Raise Refused(401) unless one configured scheme accepts the request."""
         if self._bearer is not None and authorization is not None:
             scheme, _, credentials = authorization.partition(" ")
-            if scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), self._bearer):
+            presented = credentials.strip().encode()
+            # Empty credentials never match, whatever the configuration let through.
+            if scheme.lower() == "bearer" and presented and hmac.compare_digest(presented, self._bearer):
                 return
         if self._hmac_key is not None and signature is not None:
             expected = sign(self._hmac_key, body).encode()

@@ -100,11 +100,18 @@ class HookSettings(BaseSettings):
 
 
 def _secret(value: SecretStr | None, path: Path | None, name: str) -> SecretStr | None:
+    """The secret from the variable or its file, stripped; an empty one is refused, never taken as
+    "no secret needed" (with an empty token, `Authorization: Bearer ` would be a valid credential)."""
     if path is None:
-        return value
+        if value is None:
+            return None
+        text = value.get_secret_value().strip()
+        if not text:
+            raise ValueError(f"RECOVERY_HOOKS_{name} is empty or only whitespace")
+        return SecretStr(text)
     if value is not None:
         raise ValueError(f"set RECOVERY_HOOKS_{name} or RECOVERY_HOOKS_{name}_FILE, not both")
     text = path.read_text().strip()
     if not text:
-        raise ValueError(f"RECOVERY_HOOKS_{name}_FILE {path} is empty")
+        raise ValueError(f"RECOVERY_HOOKS_{name}_FILE {path} is empty or only whitespace")
     return SecretStr(text)
