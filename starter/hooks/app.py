@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field, ValidationError
 from pydantic.json_schema import models_json_schema
 
 from contracts.models import utc_now
-from starter.hooks.auth import SIGNATURE_HEADER, Authenticator
+from starter.hooks.auth import NONCE_CHARACTERS, NONCE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, Authenticator
 from starter.hooks.intake import Intake, Outcome, Result
 from starter.hooks.problems import Refused, from_validation, problem
 from starter.hooks.settings import HookSettings
@@ -41,7 +41,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 _CONTENT_TYPE = {"json": b"application/json", "text": b"text/plain; charset=utf-8"}
-_READ_HEADERS = (b"authorization", SIGNATURE_HEADER.encode(), b"content-type", b"content-length")
+_READ_HEADERS = frozenset(name.encode() for name in ("authorization", SIGNATURE_HEADER, TIMESTAMP_HEADER, NONCE_HEADER,
+                                                     "content-type", "content-length"))
 
 
 # --- answers (also the OpenAPI document's response schemas) ------------------------------------
@@ -163,13 +164,13 @@ class HookApp:
         return 200, "json", answer, []
 
     async def _handle(self, endpoint: Endpoint, scope: Scope, receive: Receive) -> bytes:
-        headers: dict[bytes, str] = {}
+        headers: dict[str, str] = {}
         for name, value in scope["headers"]:
-            if name in _READ_HEADERS and name not in headers:
-                headers[name] = value.decode("latin-1")
-        body = await self._read(headers.get(b"content-length"), receive)
-        self._auth.check(headers.get(b"authorization"), headers.get(SIGNATURE_HEADER.encode()), body)
-        media_type = headers.get(b"content-type", "").split(";")[0].strip().lower()
+            if name in _READ_HEADERS:
+                headers.setdefault(name.decode(), value.decode("latin-1"))
+        body = await self._read(headers.get("content-length"), receive)
+        self._auth.check(headers, body)
+        media_type = headers.get("content-type", "").split(";")[0].strip().lower()
         if media_type != "application/json":
             raise Refused(415, "unsupported media type",
                           [problem("headers.content-type", f"expected application/json, got {media_type or 'none'}")])
@@ -300,7 +301,10 @@ def openapi_document(settings: HookSettings) -> dict:
     schemes = {
         "bearer": {"type": "http", "scheme": "bearer"},
         "hmac": {"type": "apiKey", "in": "header", "name": SIGNATURE_HEADER,
-                 "description": "sha256=<hex HMAC-SHA256 of the raw body, keyed with the shared key>"},
+                 "description": f"sha256=<hex HMAC-SHA256 of '<timestamp>.<nonce>.<raw body>', keyed with the "
+                                f"shared key>, sent with {TIMESTAMP_HEADER} (Unix seconds, within "
+                                f"{settings.signature_window_seconds:g} s of the hook's clock) and {NONCE_HEADER} "
+                                f"(16-128 characters of {NONCE_CHARACTERS}, used once)"},
     }
     paths = {
         e.path: {"post": {
@@ -312,11 +316,12 @@ def openapi_document(settings: HookSettings) -> dict:
                 "200": {"description": "every alert is in Temporal, or was dropped for the reason given",
                         "content": {"application/json": {"schema": ref(HookAnswer, "serialization")}}},
                 "400": problems("the body is not JSON"),
-                "401": problems("no valid credentials"),
+                "401": problems("no valid credentials, or a replayed signature"),
                 "413": problems(f"the body is larger than {settings.max_body_bytes} bytes"),
                 "415": problems("the body is not application/json"),
                 "422": problems("the payload or an alert in it is invalid"),
-                "503": problems("Temporal could not take every alert; retry the request"),
+                "503": problems("Temporal could not take every alert, or the replay window holds too many "
+                                "signatures; retry the request"),
             },
         }}
         for e in ENDPOINTS

@@ -33,6 +33,11 @@ class HookSettings(BaseSettings):
     token_file: Path | None = Field(None, description="a file holding the bearer token (instead of token)")
     hmac_key: SecretStr | None = Field(None, description="the key of the HMAC-SHA256 signature over the body")
     hmac_key_file: Path | None = None
+    signature_window_seconds: float = Field(
+        300.0, gt=0, description="a signature is valid this long either side of its X-Recovery-Timestamp, and "
+        "its nonce is remembered as long")
+    nonce_cache_size: int = Field(
+        100_000, gt=0, description="nonces remembered within the window; when full, signed requests get 503")
 
     # --- input limits ---
     max_body_bytes: int = Field(1 << 20, gt=0)
