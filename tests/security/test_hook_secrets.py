@@ -41,5 +41,5 @@ def test_an_empty_bearer_credential_never_matches(authorization):
     # Even a configuration that bypassed validation (an empty token) accepts no empty credential.
     settings = HookSettings.model_construct(auth=["bearer"], token=SecretStr(""), hmac_key=None)
     with pytest.raises(Refused) as refused:
-        Authenticator(settings).check(authorization, None, b"{}")
+        Authenticator(settings).check({"authorization": authorization}, b"{}")
     assert refused.value.status == 401
