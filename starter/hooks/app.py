@@ -27,6 +27,7 @@ from pydantic.json_schema import models_json_schema
 
 from contracts.models import utc_now
 from starter.hooks.auth import NONCE_CHARACTERS, NONCE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, Authenticator
+from starter.hooks.credentials import Credential
 from starter.hooks.intake import Intake, Outcome, Result
 from starter.hooks.problems import Refused, from_validation, problem
 from starter.hooks.settings import HookSettings
@@ -41,6 +42,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 _CONTENT_TYPE = {"json": b"application/json", "text": b"text/plain; charset=utf-8"}
+_OUT_OF_SCOPE_NAMED = 20  # nodes named in a 403 answer, at most
 _READ_HEADERS = frozenset(name.encode() for name in ("authorization", SIGNATURE_HEADER, TIMESTAMP_HEADER, NONCE_HEADER,
                                                      "content-type", "content-length"))
 
@@ -112,6 +114,7 @@ class HookApp:
         self.intake = intake
         self._auth = Authenticator(settings)
         self._requests: Counter[tuple[str, int]] = Counter()
+        self._out_of_scope: Counter[str] = Counter()  # requests refused 403, by credential
         self._posts = {e.path: e for e in ENDPOINTS}
         self._gets: dict[str, Callable[[], tuple[str, bytes]]] = {
             "/openapi.json": lambda: ("json", self._openapi),
@@ -169,7 +172,7 @@ class HookApp:
             if name in _READ_HEADERS:
                 headers.setdefault(name.decode(), value.decode("latin-1"))
         body = await self._read(headers.get("content-length"), receive)
-        self._auth.check(headers, body)
+        credential = self._auth.check(headers, body)
         media_type = headers.get("content-type", "").split(";")[0].strip().lower()
         if media_type != "application/json":
             raise Refused(415, "unsupported media type",
@@ -177,6 +180,7 @@ class HookApp:
         incoming = self._parsed.get(endpoint.name, body)
         if incoming is None:
             incoming = self._parse(endpoint, body)
+        self._check_scope(endpoint, credential, incoming)
         try:
             results = await self.intake.submit(incoming)
         except Exception as e:
@@ -201,6 +205,18 @@ class HookApp:
             self._parsed.put(endpoint.name, body, incoming)
         return incoming
 
+    def _check_scope(self, endpoint: Endpoint, credential: Credential, incoming: list[Incoming]) -> None:
+        """Refused(403) when an alert names a node the credential may not report on: a sender holds
+        the nodes it may open incidents on (and drain), no more."""
+        outside = credential.outside(i.node for i in incoming)
+        if not outside:
+            return
+        self._out_of_scope[credential.name] += 1
+        log.warning("%s: credential %s may not report on %s: request refused", endpoint.name, credential.name,
+                    ", ".join(outside[:_OUT_OF_SCOPE_NAMED]))
+        raise Refused(403, "forbidden", [problem("body", f"credential {credential.name} may not report on node {node}")
+                                         for node in outside[:_OUT_OF_SCOPE_NAMED]])
+
     async def _read(self, declared: str | None, receive: Receive) -> bytes:
         limit = self.settings.max_body_bytes
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -223,6 +239,9 @@ class HookApp:
         lines = ["# TYPE recovery_hook_requests_total counter"]
         lines += [f'recovery_hook_requests_total{{endpoint="{e}",status="{s}"}} {n}'
                   for (e, s), n in sorted(self._requests.items())]
+        lines.append("# TYPE recovery_hook_out_of_scope_requests_total counter")
+        lines += [f'recovery_hook_out_of_scope_requests_total{{credential="{c}"}} {n}'
+                  for c, n in sorted(self._out_of_scope.items())]
         lines.append("# TYPE recovery_hook_alerts_total counter")
         lines += [f'recovery_hook_alerts_total{{outcome="{o.value}"}} {self.intake.outcomes[o.value]}' for o in Outcome]
         lines.append("# TYPE recovery_hook_temporal_calls_total counter")
@@ -317,6 +336,7 @@ def openapi_document(settings: HookSettings) -> dict:
                         "content": {"application/json": {"schema": ref(HookAnswer, "serialization")}}},
                 "400": problems("the body is not JSON"),
                 "401": problems("no valid credentials, or a replayed signature"),
+                "403": problems("an alert names a node the credential may not report on"),
                 "413": problems(f"the body is larger than {settings.max_body_bytes} bytes"),
                 "415": problems("the body is not application/json"),
                 "422": problems("the payload or an alert in it is invalid"),

@@ -1,6 +1,7 @@
 """Who may post alerts: a bearer token, or an HMAC-SHA256 signature over a timestamp, a nonce and the body.
 
-Both compare in constant time (hmac.compare_digest). Secrets live in SecretStr and are only
+A bearer token is looked up by its SHA-256 (credentials.BearerTokens), a signature compared in
+constant time (hmac.compare_digest); either gives the credential, whose nodes the request may name. Secrets live in SecretStr and are only
 unwrapped here; nothing in this module logs a header, a token or a signature.
 
 A signature is valid within a window around its timestamp, and once: the nonces of accepted
@@ -18,8 +19,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 
-from pydantic import SecretStr
-
+from starter.hooks.credentials import Credential
 from starter.hooks.problems import Refused, problem
 from starter.hooks.settings import HookSettings
 
@@ -30,6 +30,7 @@ SIGNATURE_PREFIX = "sha256="
 NONCE_CHARACTERS = "A-Za-z0-9._~+/=-"  # hex, base64, base64url or a UUID
 NONCE = re.compile(f"[{NONCE_CHARACTERS}]{{16,128}}")
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
+HMAC_CREDENTIAL = Credential("hmac", None)  # the one shared key: every node
 
 
 def sign(key: bytes, body: bytes, timestamp: int, nonce: str) -> str:
@@ -74,36 +75,34 @@ class SeenNonces:
         return True
 
 
-def _unwrap(secret: SecretStr | None) -> bytes | None:
-    return None if secret is None else secret.get_secret_value().encode()
-
-
 class Authenticator:
     def __init__(self, settings: HookSettings, clock: Callable[[], float] = time.time) -> None:
-        self._bearer = _unwrap(settings.token) if "bearer" in settings.auth else None
-        self._hmac_key = _unwrap(settings.hmac_key) if "hmac" in settings.auth else None
+        self._bearer = settings.bearer_tokens() if "bearer" in settings.auth else None
+        hmac_key = settings.hmac_key if "hmac" in settings.auth else None
+        self._hmac_key = None if hmac_key is None else hmac_key.get_secret_value().encode()
         self._window = settings.signature_window_seconds
         self._seen = SeenNonces(settings.nonce_cache_size)
         self._clock = clock
 
-    def check(self, headers: Mapping[str, str], body: bytes) -> None:
-        """Raise Refused(401) unless one configured scheme accepts the request (503: no room to
-        remember its nonce). Headers by lower-case name."""
+    def check(self, headers: Mapping[str, str], body: bytes) -> Credential:
+        """The credential of the request, or Refused(401) unless one configured scheme accepts it
+        (503: no room to remember its nonce). Headers by lower-case name."""
         authorization, signature = headers.get("authorization"), headers.get(SIGNATURE_HEADER)
         if self._bearer is not None and authorization is not None:
             scheme, _, credentials = authorization.partition(" ")
             presented = credentials.strip().encode()
             # Empty credentials never match, whatever the configuration let through.
-            if scheme.lower() == "bearer" and presented and hmac.compare_digest(presented, self._bearer):
-                return
+            credential = self._bearer.find(presented) if scheme.lower() == "bearer" and presented else None
+            if credential is not None:
+                return credential
         if self._hmac_key is not None and signature is not None:
             self._check_signature(self._hmac_key, signature, headers, body)
-            return
+            return HMAC_CREDENTIAL
         raise self._unauthorized(self._what_was_wrong(authorization, signature))
 
     def _unauthorized(self, what: dict[str, str]) -> Refused:
         return Refused(401, "unauthorized", [what],
-                       headers={"www-authenticate": 'Bearer realm="training-recovery"'} if self._bearer else {})
+                       headers={"www-authenticate": 'Bearer realm="training-recovery"'} if self._bearer is not None else {})
 
     def _check_signature(self, key: bytes, signature: str, headers: Mapping[str, str], body: bytes) -> None:
         stamp, nonce = headers.get(TIMESTAMP_HEADER, "").strip(), headers.get(NONCE_HEADER, "").strip()
@@ -129,9 +128,9 @@ class Authenticator:
     def _what_was_wrong(self, authorization: str | None, signature: str | None) -> dict[str, str]:
         if authorization is None and signature is None:
             accepted = " or ".join(
-                (["an Authorization: Bearer token"] if self._bearer else [])
+                (["an Authorization: Bearer token"] if self._bearer is not None else [])
                 + ([f"an {SIGNATURE_HEADER} HMAC-SHA256 signature (with {TIMESTAMP_HEADER} and {NONCE_HEADER})"]
-                   if self._hmac_key else [])
+                   if self._hmac_key is not None else [])
             )
             return problem("headers", f"no credentials: send {accepted}")
         if authorization is not None and self._bearer is not None:
