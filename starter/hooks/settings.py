@@ -44,6 +44,15 @@ class HookSettings(BaseSettings):
     nonce_cache_size: int = Field(
         100_000, gt=0, description="nonces remembered within the window; when full, signed requests get 503")
 
+    # --- the server, facing the network ---
+    tls_cert_file: Path | None = Field(None, description="serve HTTPS with this certificate chain (PEM)")
+    tls_key_file: Path | None = Field(None, description="the certificate's private key (PEM)")
+    max_header_bytes: int = Field(16 * 1024, gt=0, description="request line and headers; larger: 431")
+    header_timeout_seconds: float = Field(
+        10.0, gt=0, description="a connection that has not sent its request's headers this long after it opened "
+        "(or after the request's first byte) is closed")
+    max_connections: int = Field(1000, gt=0, description="connections beyond this many are answered 503 and closed")
+
     # --- input limits ---
     max_body_bytes: int = Field(1 << 20, gt=0)
     max_alerts_per_request: int = Field(1000, gt=0)
@@ -99,6 +108,8 @@ class HookSettings(BaseSettings):
             except (OSError, ValueError) as e:
                 raise ValueError(f"RECOVERY_HOOKS_CREDENTIALS_FILE {self.credentials_file}: "
                                  f"{' '.join(str(e).split())}") from None
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("TLS needs both RECOVERY_HOOKS_TLS_CERT_FILE and RECOVERY_HOOKS_TLS_KEY_FILE")
         if not self.node_labels:
             raise ValueError("RECOVERY_HOOKS_NODE_LABELS: name at least one label")
         return self
