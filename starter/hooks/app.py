@@ -31,7 +31,7 @@ from starter.hooks.credentials import Credential
 from starter.hooks.intake import Intake, Outcome, Result
 from starter.hooks.problems import Refused, from_validation, problem
 from starter.hooks.settings import HookSettings
-from starter.hooks.sources import Incoming, WireModel, alertmanager, gpu_health, kernel_log
+from starter.hooks.sources import Incoming, WireModel, alertmanager, clip, gpu_health, kernel_log
 
 log = logging.getLogger("training_recovery.hooks")
 
@@ -283,11 +283,23 @@ def _too_large(limit: int) -> Refused:
 
 def _validate(model: type[WireModel], body: bytes) -> WireModel:
     try:
-        return model.model_validate_json(body)
+        payload = model.model_validate_json(body)
     except ValidationError as e:
         if any(err["type"] == "json_invalid" for err in e.errors()):
             raise Refused(400, "body is not JSON", [problem("body", "not a valid JSON document")]) from None
         raise Refused(422, "invalid payload", from_validation(e)) from None
+    # pydantic takes a key's last value; another reader of the same body may take its first. Checked
+    # once the body is valid, so only a document of the schema's depth and size is parsed again.
+    json.loads(body, object_pairs_hook=_refuse_duplicate_keys)
+    return payload
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> None:
+    # None for each object: only the check is wanted, and building no dicts saves a third of its cost.
+    keys = {key for key, _ in pairs}
+    if len(keys) != len(pairs):
+        twice = next(key for i, (key, _) in enumerate(pairs) if any(key == k for k, _ in pairs[:i]))
+        raise Refused(400, "body is not JSON", [problem("body", f"the key {clip(twice, 64)!r} is twice in one object")])
 
 
 def answer_json(incoming: list[Incoming], results: list[Result]) -> bytes:
@@ -334,12 +346,13 @@ def openapi_document(settings: HookSettings) -> dict:
             "responses": {
                 "200": {"description": "every alert is in Temporal, or was dropped for the reason given",
                         "content": {"application/json": {"schema": ref(HookAnswer, "serialization")}}},
-                "400": problems("the body is not JSON"),
+                "400": problems("the body is not JSON, or an object in it has a key twice"),
                 "401": problems("no valid credentials, or a replayed signature"),
                 "403": problems("an alert names a node the credential may not report on"),
                 "413": problems(f"the body is larger than {settings.max_body_bytes} bytes"),
                 "415": problems("the body is not application/json"),
                 "422": problems("the payload or an alert in it is invalid"),
+                "431": problems(f"the request line and headers are larger than {settings.max_header_bytes} bytes"),
                 "503": problems("Temporal could not take every alert, or the replay window holds too many "
                                 "signatures; retry the request"),
             },
