@@ -1,8 +1,9 @@
 """Who may post alerts: a bearer token, or an HMAC-SHA256 signature over a timestamp, a nonce and the body.
 
 A bearer token is looked up by its SHA-256 (credentials.BearerTokens), a signature compared in
-constant time (hmac.compare_digest); either gives the credential, whose nodes the request may name. Secrets live in SecretStr and are only
-unwrapped here; nothing in this module logs a header, a token or a signature.
+constant time (hmac.compare_digest); either gives the credential, whose nodes the request may
+name. Secrets live in SecretStr and are only unwrapped here and in credentials.py; nothing in this
+module logs a header, a token or a signature.
 
 A signature is valid within a window around its timestamp, and once: the nonces of accepted
 signatures are remembered until their timestamp leaves the window, so a captured request cannot be
@@ -101,8 +102,8 @@ class Authenticator:
         raise self._unauthorized(self._what_was_wrong(authorization, signature))
 
     def _unauthorized(self, what: dict[str, str]) -> Refused:
-        return Refused(401, "unauthorized", [what],
-                       headers={"www-authenticate": 'Bearer realm="training-recovery"'} if self._bearer is not None else {})
+        challenge = {"www-authenticate": 'Bearer realm="training-recovery"'} if self._bearer is not None else {}
+        return Refused(401, "unauthorized", [what], headers=challenge)
 
     def _check_signature(self, key: bytes, signature: str, headers: Mapping[str, str], body: bytes) -> None:
         stamp, nonce = headers.get(TIMESTAMP_HEADER, "").strip(), headers.get(NONCE_HEADER, "").strip()

@@ -33,7 +33,8 @@ class HookSettings(BaseSettings):
     )
     token: SecretStr | None = Field(None, description="the bearer token, valid for every node")
     token_file: Path | None = Field(None, description="a file holding the bearer token (instead of token)")
-    hmac_key: SecretStr | None = Field(None, description="the key of the HMAC-SHA256 signature over the body")
+    hmac_key: SecretStr | None = Field(
+        None, description="the key of the HMAC-SHA256 signature over timestamp.nonce.body, valid for every node")
     hmac_key_file: Path | None = None
     credentials_file: Path | None = Field(
         None, description="named bearer credentials, each scoped to the nodes it may report on, and node agents' "

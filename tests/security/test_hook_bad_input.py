@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from starter.hooks.app import HookAnswer, ProblemAnswer, openapi_document
 from starter.hooks.settings import HookSettings
 from starter.hooks.testing import alertmanager_payload, dcgm_alert, gpu_health_event, kernel_log_post, xid_line
-from tests.unit.test_hook_properties import Answer, Harness, assert_refused, examples, hook  # noqa: F401
+from tests.unit.test_hook_properties import Answer, assert_refused, examples, hook  # noqa: F401
 
 
 def recent() -> datetime:
@@ -136,7 +136,8 @@ NODE_LIKE = st.text(alphabet="abz09.-_ [],", max_size=70) | st.sampled_from(["",
 @pytest.mark.parametrize("model, field, source, put", AGREEMENT, ids=[f"{m}.{f}" for m, f, *_ in AGREEMENT])
 @examples(300)
 @given(data=st.data())
-def test_the_openapi_document_and_the_code_agree_on_each_fields_rule(hook, model, field, source, put, data):  # noqa: F811
+def test_the_openapi_document_and_the_code_agree_on_each_fields_rule(
+        hook, model, field, source, put, data):  # noqa: F811
     schema = field_schema(DOCUMENT, model, field)
     value = data.draw(st.integers(-5, 1005) if schema["type"] == "integer" else NODE_LIKE)
     hook.fresh()

@@ -81,7 +81,8 @@ async def test_a_signature_is_valid_only_within_the_window(age, status):
 async def test_the_nonce_is_16_to_128_plain_characters(nonce, status):
     app, _ = hook()
     content, now = body(), int(time.time())
-    headers = {TIMESTAMP_HEADER: str(now), NONCE_HEADER: nonce, SIGNATURE_HEADER: sign(KEY.encode(), content, now, nonce)}
+    headers = {TIMESTAMP_HEADER: str(now), NONCE_HEADER: nonce,
+               SIGNATURE_HEADER: sign(KEY.encode(), content, now, nonce)}
     response = await post(app, content, {k: v.encode() for k, v in headers.items()})
     assert response.status_code == status, response.text
 

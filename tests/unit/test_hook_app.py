@@ -88,7 +88,8 @@ async def test_a_resolved_alert_starts_nothing():
     ({}, "headers"),
     ({"authorization": "Bearer not-the-token"}, "headers.authorization"),
     ({"authorization": f"Basic {TOKEN}"}, "headers.authorization"),
-    (signed_headers(HMAC_KEY.encode(), b"{}") | {SIGNATURE_HEADER: "sha256=" + "0" * 64}, f"headers.{SIGNATURE_HEADER}"),
+    (signed_headers(HMAC_KEY.encode(), b"{}") | {SIGNATURE_HEADER: "sha256=" + "0" * 64},
+     f"headers.{SIGNATURE_HEADER}"),
     (signed_headers(b"other key", b"{}"), f"headers.{SIGNATURE_HEADER}"),
 ])
 async def test_without_valid_credentials_401_and_nothing_happens(headers, loc):
