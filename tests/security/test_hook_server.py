@@ -167,8 +167,16 @@ def still_open(sockets: list[socket.socket]) -> int:
     return len(sockets) - closed
 
 
-async def test_connections_beyond_the_cap_are_answered_503_and_closed(temporal_env, tmp_path):
-    with hook(temporal_env, tmp_path / "hooks.log", max_connections="20") as (_, port):
+async def test_connections_beyond_the_cap_are_answered_503_and_closed_and_a_kept_alive_request_has_the_deadline(
+        temporal_env, tmp_path):
+    with hook(temporal_env, tmp_path / "hooks.log", max_connections="20", header_timeout_seconds="2") as (_, port):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as kept_alive:
+            kept_alive.sendall(b"GET /healthz HTTP/1.1\r\nhost: hook\r\n\r\n")
+            assert kept_alive.recv(65536).startswith(b"HTTP/1.1 200")
+            kept_alive.sendall(b"GET /healthz HTTP/1.1\r\nhost: hook\r\n")  # the next request, half its head
+            started = time.monotonic()
+            assert kept_alive.recv(1) == b""  # closed by the header deadline (uvicorn's keep-alive timer is off now)
+            assert 1.5 < time.monotonic() - started < 4
         idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(20)]
         try:
             time.sleep(0.5)  # all accepted
