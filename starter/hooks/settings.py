@@ -6,7 +6,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, FilePath, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from contracts.models import Xid
@@ -46,8 +46,8 @@ class HookSettings(BaseSettings):
         100_000, gt=0, description="nonces remembered within the window; when full, signed requests get 503")
 
     # --- the server, facing the network ---
-    tls_cert_file: Path | None = Field(None, description="serve HTTPS with this certificate chain (PEM)")
-    tls_key_file: Path | None = Field(None, description="the certificate's private key (PEM)")
+    tls_cert_file: FilePath | None = Field(None, description="serve HTTPS with this certificate chain (PEM)")
+    tls_key_file: FilePath | None = Field(None, description="the certificate's private key (PEM)")
     max_header_bytes: int = Field(16 * 1024, gt=0, description="request line and headers; larger: 431")
     header_timeout_seconds: float = Field(
         10.0, gt=0, description="a connection that has not sent its request's headers this long after it opened "

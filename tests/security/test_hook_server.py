@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from bench.services import free_port, process
 from starter.hooks.settings import HookSettings
@@ -204,3 +205,11 @@ async def test_tls_serves_https_with_the_configured_certificate(temporal_env, tm
         with pytest.raises(httpx.TransportError), httpx.Client() as plain:
             plain.get(f"http://127.0.0.1:{port}/healthz")
     assert "https://" in (tmp_path / "hooks.log").read_text()
+
+
+@pytest.mark.parametrize("tls, words", [({"tls_cert_file": __file__}, "needs both"),
+                                        ({"tls_cert_file": "/nonexistent.pem", "tls_key_file": __file__}, "file")])
+def test_a_tls_configuration_that_cannot_work_is_refused_at_start(tls, words):
+    with pytest.raises(ValidationError) as refused:
+        HookSettings(token=TOKEN, **tls)
+    assert words in str(refused.value)
