@@ -296,10 +296,11 @@ def _validate(model: type[WireModel], body: bytes) -> WireModel:
 
 def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> None:
     # None for each object: only the check is wanted, and building no dicts saves a third of its cost.
-    keys = {key for key, _ in pairs}
-    if len(keys) != len(pairs):
-        twice = next(key for i, (key, _) in enumerate(pairs) if any(key == k for k, _ in pairs[:i]))
-        raise Refused(400, "body is not JSON", [problem("body", f"the key {clip(twice, 64)!r} is twice in one object")])
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise Refused(400, "body is not JSON", [problem("body", f"the key {clip(key, 64)!r} is twice in one object")])
+        seen.add(key)
 
 
 def answer_json(incoming: list[Incoming], results: list[Result]) -> bytes:
