@@ -54,6 +54,7 @@ class Credential:
 
 
 def node_scope(text: str) -> frozenset[str] | None:
+    """The nodes of a hostlist, or None for '*' (every node)."""
     if text.strip() == EVERY_NODE:
         return None
     try:
