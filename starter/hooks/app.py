@@ -26,11 +26,12 @@ from pydantic import BaseModel, Field, ValidationError
 from pydantic.json_schema import models_json_schema
 
 from contracts.models import utc_now
-from starter.hooks.auth import SIGNATURE_HEADER, Authenticator
+from starter.hooks.auth import NONCE_CHARACTERS, NONCE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, Authenticator
+from starter.hooks.credentials import Credential
 from starter.hooks.intake import Intake, Outcome, Result
 from starter.hooks.problems import Refused, from_validation, problem
 from starter.hooks.settings import HookSettings
-from starter.hooks.sources import Incoming, WireModel, alertmanager, gpu_health, kernel_log
+from starter.hooks.sources import Incoming, WireModel, alertmanager, clip, gpu_health, kernel_log
 
 log = logging.getLogger("training_recovery.hooks")
 
@@ -41,7 +42,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 _CONTENT_TYPE = {"json": b"application/json", "text": b"text/plain; charset=utf-8"}
-_READ_HEADERS = (b"authorization", SIGNATURE_HEADER.encode(), b"content-type", b"content-length")
+_OUT_OF_SCOPE_NAMED = 20  # nodes named in a 403 answer, at most
+_READ_HEADERS = frozenset(name.encode() for name in ("authorization", SIGNATURE_HEADER, TIMESTAMP_HEADER, NONCE_HEADER,
+                                                     "content-type", "content-length"))
 
 
 # --- answers (also the OpenAPI document's response schemas) ------------------------------------
@@ -111,6 +114,7 @@ class HookApp:
         self.intake = intake
         self._auth = Authenticator(settings)
         self._requests: Counter[tuple[str, int]] = Counter()
+        self._out_of_scope: Counter[str] = Counter()  # requests refused 403, by credential
         self._posts = {e.path: e for e in ENDPOINTS}
         self._gets: dict[str, Callable[[], tuple[str, bytes]]] = {
             "/openapi.json": lambda: ("json", self._openapi),
@@ -163,19 +167,20 @@ class HookApp:
         return 200, "json", answer, []
 
     async def _handle(self, endpoint: Endpoint, scope: Scope, receive: Receive) -> bytes:
-        headers: dict[bytes, str] = {}
+        headers: dict[str, str] = {}
         for name, value in scope["headers"]:
-            if name in _READ_HEADERS and name not in headers:
-                headers[name] = value.decode("latin-1")
-        body = await self._read(headers.get(b"content-length"), receive)
-        self._auth.check(headers.get(b"authorization"), headers.get(SIGNATURE_HEADER.encode()), body)
-        media_type = headers.get(b"content-type", "").split(";")[0].strip().lower()
+            if name in _READ_HEADERS:
+                headers.setdefault(name.decode(), value.decode("latin-1"))
+        body = await self._read(headers.get("content-length"), receive)
+        credential = self._auth.check(headers, body)
+        media_type = headers.get("content-type", "").split(";")[0].strip().lower()
         if media_type != "application/json":
             raise Refused(415, "unsupported media type",
                           [problem("headers.content-type", f"expected application/json, got {media_type or 'none'}")])
         incoming = self._parsed.get(endpoint.name, body)
         if incoming is None:
             incoming = self._parse(endpoint, body)
+        self._check_scope(endpoint, credential, incoming)
         try:
             results = await self.intake.submit(incoming)
         except Exception as e:
@@ -200,6 +205,18 @@ class HookApp:
             self._parsed.put(endpoint.name, body, incoming)
         return incoming
 
+    def _check_scope(self, endpoint: Endpoint, credential: Credential, incoming: list[Incoming]) -> None:
+        """Refused(403) when an alert names a node the credential may not report on: a sender holds
+        the nodes it may open incidents on (and drain), no more."""
+        outside = credential.outside(i.node for i in incoming)
+        if not outside:
+            return
+        self._out_of_scope[credential.name] += 1
+        log.warning("%s: credential %s may not report on %s: request refused", endpoint.name, credential.name,
+                    ", ".join(outside[:_OUT_OF_SCOPE_NAMED]))
+        raise Refused(403, "forbidden", [problem("body", f"credential {credential.name} may not report on node {node}")
+                                         for node in outside[:_OUT_OF_SCOPE_NAMED]])
+
     async def _read(self, declared: str | None, receive: Receive) -> bytes:
         limit = self.settings.max_body_bytes
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -222,6 +239,9 @@ class HookApp:
         lines = ["# TYPE recovery_hook_requests_total counter"]
         lines += [f'recovery_hook_requests_total{{endpoint="{e}",status="{s}"}} {n}'
                   for (e, s), n in sorted(self._requests.items())]
+        lines.append("# TYPE recovery_hook_out_of_scope_requests_total counter")
+        lines += [f'recovery_hook_out_of_scope_requests_total{{credential="{c}"}} {n}'
+                  for c, n in sorted(self._out_of_scope.items())]
         lines.append("# TYPE recovery_hook_alerts_total counter")
         lines += [f'recovery_hook_alerts_total{{outcome="{o.value}"}} {self.intake.outcomes[o.value]}' for o in Outcome]
         lines.append("# TYPE recovery_hook_temporal_calls_total counter")
@@ -263,11 +283,24 @@ def _too_large(limit: int) -> Refused:
 
 def _validate(model: type[WireModel], body: bytes) -> WireModel:
     try:
-        return model.model_validate_json(body)
+        payload = model.model_validate_json(body)
     except ValidationError as e:
         if any(err["type"] == "json_invalid" for err in e.errors()):
             raise Refused(400, "body is not JSON", [problem("body", "not a valid JSON document")]) from None
         raise Refused(422, "invalid payload", from_validation(e)) from None
+    # pydantic takes a key's last value; another reader of the same body may take its first. Checked
+    # once the body is valid, so only a document of the schema's depth and size is parsed again.
+    json.loads(body, object_pairs_hook=_refuse_duplicate_keys)
+    return payload
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> None:
+    # None for each object: only the check is wanted, and building no dicts saves a third of its cost.
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise Refused(400, "body is not JSON", [problem("body", f"the key {clip(key, 64)!r} is twice in one object")])
+        seen.add(key)
 
 
 def answer_json(incoming: list[Incoming], results: list[Result]) -> bytes:
@@ -300,7 +333,10 @@ def openapi_document(settings: HookSettings) -> dict:
     schemes = {
         "bearer": {"type": "http", "scheme": "bearer"},
         "hmac": {"type": "apiKey", "in": "header", "name": SIGNATURE_HEADER,
-                 "description": "sha256=<hex HMAC-SHA256 of the raw body, keyed with the shared key>"},
+                 "description": f"sha256=<hex HMAC-SHA256 of '<timestamp>.<nonce>.<raw body>', keyed with the "
+                                f"shared key>, sent with {TIMESTAMP_HEADER} (Unix seconds, within "
+                                f"{settings.signature_window_seconds:g} s of the hook's clock) and {NONCE_HEADER} "
+                                f"(16-128 characters of {NONCE_CHARACTERS}, used once)"},
     }
     paths = {
         e.path: {"post": {
@@ -311,12 +347,15 @@ def openapi_document(settings: HookSettings) -> dict:
             "responses": {
                 "200": {"description": "every alert is in Temporal, or was dropped for the reason given",
                         "content": {"application/json": {"schema": ref(HookAnswer, "serialization")}}},
-                "400": problems("the body is not JSON"),
-                "401": problems("no valid credentials"),
+                "400": problems("the body is not JSON, or an object in it has a key twice"),
+                "401": problems("no valid credentials, or a replayed signature"),
+                "403": problems("an alert names a node the credential may not report on"),
                 "413": problems(f"the body is larger than {settings.max_body_bytes} bytes"),
                 "415": problems("the body is not application/json"),
                 "422": problems("the payload or an alert in it is invalid"),
-                "503": problems("Temporal could not take every alert; retry the request"),
+                "431": problems(f"the request line and headers are larger than {settings.max_header_bytes} bytes"),
+                "503": problems("Temporal could not take every alert, or the replay window holds too many "
+                                "signatures; retry the request"),
             },
         }}
         for e in ENDPOINTS

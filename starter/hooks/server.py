@@ -26,6 +26,7 @@ from contracts.settings import ConfigError, Settings
 from starter.hooks.app import ASGIApp, HookApp
 from starter.hooks.correlation import RunningIncidents
 from starter.hooks.intake import Intake
+from starter.hooks.protocol import ConnectionLimits, guarded_protocol
 from starter.hooks.settings import HookSettings
 from starter.hooks.temporal import CLIENT_OPTIONS, TemporalIncidents
 from worker import connect
@@ -55,8 +56,12 @@ def build_app(settings: Settings, hook: HookSettings, client: Client) -> HookApp
 
 def _config(asgi: ASGIApp, hook: HookSettings) -> uvicorn.Config:
     # proxy_headers off: the hook uses no client address, so X-Forwarded-* need no parsing per request.
-    return uvicorn.Config(asgi, host=hook.host, port=hook.port, http="httptools", lifespan="off", proxy_headers=False,
-                          access_log=hook.access_log, log_level="info", timeout_graceful_shutdown=10)
+    limits = ConnectionLimits(max_header_bytes=hook.max_header_bytes, header_timeout=hook.header_timeout_seconds,
+                              max_connections=hook.max_connections)
+    return uvicorn.Config(asgi, host=hook.host, port=hook.port, http=guarded_protocol(limits), lifespan="off",
+                          proxy_headers=False, access_log=hook.access_log, log_level="info",
+                          timeout_graceful_shutdown=10,
+                          ssl_certfile=hook.tls_cert_file, ssl_keyfile=hook.tls_key_file)
 
 
 def serve(settings: Settings, hook: HookSettings) -> Coroutine[None, None, int]:
@@ -74,7 +79,8 @@ async def _serve(settings: Settings, hook: HookSettings) -> int:
     check_secondary_xids(settings, hook)  # a bad configuration is refused before anything is dialled
     client = await connect(settings, **CLIENT_OPTIONS)
     app = build_app(settings, hook, client)
-    log.info("alert hooks on http://%s:%d (auth: %s) -> Temporal %s/%s, task queue %s", hook.host, hook.port,
+    log.info("alert hooks on %s://%s:%d (auth: %s) -> Temporal %s/%s, task queue %s",
+             "https" if hook.tls_cert_file else "http", hook.host, hook.port,
              ",".join(hook.auth), settings.temporal_address, settings.temporal_namespace, settings.task_queue)
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again for the handler
     # that was there before; that one is this no-op, so the command ends with 0, like the worker.
@@ -104,7 +110,7 @@ async def listening(asgi: ASGIApp, hook: HookSettings, start_timeout: float = 10
         await asyncio.sleep(0.01)
     host, port = server.servers[0].sockets[0].getsockname()[:2]
     try:
-        yield f"http://{host}:{port}"
+        yield f"{'https' if hook.tls_cert_file else 'http'}://{host}:{port}"
     finally:
         server.should_exit = True
         await task

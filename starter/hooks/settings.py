@@ -6,13 +6,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, FilePath, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from contracts.models import Xid
+from starter.hooks.credentials import BearerTokens, Credential, CredentialsFile
 from starter.hooks.intake import IntakeLimits
 
 AuthMode = Literal["bearer", "hmac"]
+TOKEN_CREDENTIAL = Credential("token", None)  # RECOVERY_HOOKS_TOKEN: every node
 
 
 def _comma_list(value: object) -> object:
@@ -29,10 +31,28 @@ class HookSettings(BaseSettings):
     auth: Annotated[list[AuthMode], NoDecode] = Field(
         default_factory=lambda: ["bearer"], description="accepted schemes, comma-separated: bearer, hmac"
     )
-    token: SecretStr | None = Field(None, description="the bearer token")
+    token: SecretStr | None = Field(None, description="the bearer token, valid for every node")
     token_file: Path | None = Field(None, description="a file holding the bearer token (instead of token)")
-    hmac_key: SecretStr | None = Field(None, description="the key of the HMAC-SHA256 signature over the body")
+    hmac_key: SecretStr | None = Field(
+        None, description="the key of the HMAC-SHA256 signature over timestamp.nonce.body, valid for every node")
     hmac_key_file: Path | None = None
+    credentials_file: Path | None = Field(
+        None, description="named bearer credentials, each scoped to the nodes it may report on, and node agents' "
+        "derived tokens (starter/hooks/credentials.py)")
+    signature_window_seconds: float = Field(
+        300.0, gt=0, description="a signature is valid this long either side of its X-Recovery-Timestamp, and "
+        "its nonce is remembered as long")
+    nonce_cache_size: int = Field(
+        100_000, gt=0, description="nonces remembered within the window; when full, signed requests get 503")
+
+    # --- the server, facing the network ---
+    tls_cert_file: FilePath | None = Field(None, description="serve HTTPS with this certificate chain (PEM)")
+    tls_key_file: FilePath | None = Field(None, description="the certificate's private key (PEM)")
+    max_header_bytes: int = Field(16 * 1024, gt=0, description="request line and headers; larger: 431")
+    header_timeout_seconds: float = Field(
+        10.0, gt=0, description="a connection that has not sent its request's headers this long after it opened "
+        "(or after the request's first byte) is closed")
+    max_connections: int = Field(1000, gt=0, description="connections beyond this many are answered 503 and closed")
 
     # --- input limits ---
     max_body_bytes: int = Field(1 << 20, gt=0)
@@ -78,13 +98,30 @@ class HookSettings(BaseSettings):
             raise ValueError("RECOVERY_HOOKS_AUTH: name at least one of bearer, hmac")
         self.token = _secret(self.token, self.token_file, "TOKEN")
         self.hmac_key = _secret(self.hmac_key, self.hmac_key_file, "HMAC_KEY")
-        for mode, secret in (("bearer", self.token), ("hmac", self.hmac_key)):
-            if mode in self.auth and secret is None:
-                name = "TOKEN" if mode == "bearer" else "HMAC_KEY"
-                raise ValueError(f"{mode} authentication needs RECOVERY_HOOKS_{name} or RECOVERY_HOOKS_{name}_FILE")
+        if "bearer" in self.auth and self.token is None and self.credentials_file is None:
+            raise ValueError("bearer authentication needs RECOVERY_HOOKS_TOKEN, RECOVERY_HOOKS_TOKEN_FILE or "
+                             "RECOVERY_HOOKS_CREDENTIALS_FILE")
+        if "hmac" in self.auth and self.hmac_key is None:
+            raise ValueError("hmac authentication needs RECOVERY_HOOKS_HMAC_KEY or RECOVERY_HOOKS_HMAC_KEY_FILE")
+        if self.credentials_file is not None:
+            try:
+                self.bearer_tokens()  # a bad file is refused at start, not at the first request
+            except (OSError, ValueError) as e:
+                raise ValueError(f"RECOVERY_HOOKS_CREDENTIALS_FILE {self.credentials_file}: "
+                                 f"{' '.join(str(e).split())}") from None
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("TLS needs both RECOVERY_HOOKS_TLS_CERT_FILE and RECOVERY_HOOKS_TLS_KEY_FILE")
         if not self.node_labels:
             raise ValueError("RECOVERY_HOOKS_NODE_LABELS: name at least one label")
         return self
+
+    def bearer_tokens(self) -> BearerTokens:
+        """Every bearer token with its credential: RECOVERY_HOOKS_TOKEN's for every node, and the
+        credentials file's (their secrets read now)."""
+        tokens = [] if self.token is None else [(self.token.get_secret_value().encode(), TOKEN_CREDENTIAL)]
+        if self.credentials_file is not None:
+            tokens += CredentialsFile.read(self.credentials_file).bearer_tokens()
+        return BearerTokens(tokens)
 
     def intake_limits(self) -> IntakeLimits:
         return IntakeLimits(
@@ -100,11 +137,18 @@ class HookSettings(BaseSettings):
 
 
 def _secret(value: SecretStr | None, path: Path | None, name: str) -> SecretStr | None:
+    """The secret from the variable or its file, stripped; an empty one is refused, never taken as
+    "no secret needed" (with an empty token, `Authorization: Bearer ` would be a valid credential)."""
     if path is None:
-        return value
+        if value is None:
+            return None
+        text = value.get_secret_value().strip()
+        if not text:
+            raise ValueError(f"RECOVERY_HOOKS_{name} is empty or only whitespace")
+        return SecretStr(text)
     if value is not None:
         raise ValueError(f"set RECOVERY_HOOKS_{name} or RECOVERY_HOOKS_{name}_FILE, not both")
     text = path.read_text().strip()
     if not text:
-        raise ValueError(f"RECOVERY_HOOKS_{name}_FILE {path} is empty")
+        raise ValueError(f"RECOVERY_HOOKS_{name}_FILE {path} is empty or only whitespace")
     return SecretStr(text)

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from starter.hooks.app import HookAnswer, HookApp, ProblemAnswer
-from starter.hooks.auth import SIGNATURE_HEADER, sign
+from starter.hooks.auth import SIGNATURE_HEADER, signed_headers
 from starter.hooks.intake import Intake
 from starter.hooks.settings import HookSettings
 from starter.hooks.testing import (
@@ -88,8 +88,9 @@ async def test_a_resolved_alert_starts_nothing():
     ({}, "headers"),
     ({"authorization": "Bearer not-the-token"}, "headers.authorization"),
     ({"authorization": f"Basic {TOKEN}"}, "headers.authorization"),
-    ({SIGNATURE_HEADER: "sha256=" + "0" * 64}, f"headers.{SIGNATURE_HEADER}"),
-    ({SIGNATURE_HEADER: sign(b"other key", b"{}")}, f"headers.{SIGNATURE_HEADER}"),
+    (signed_headers(HMAC_KEY.encode(), b"{}") | {SIGNATURE_HEADER: "sha256=" + "0" * 64},
+     f"headers.{SIGNATURE_HEADER}"),
+    (signed_headers(b"other key", b"{}"), f"headers.{SIGNATURE_HEADER}"),
 ])
 async def test_without_valid_credentials_401_and_nothing_happens(headers, loc):
     app, incidents = hook_app()
@@ -102,10 +103,10 @@ async def test_without_valid_credentials_401_and_nothing_happens(headers, loc):
 async def test_hmac_signature_over_the_body_is_accepted():
     app, incidents = hook_app()
     body = json.dumps(gpu_health_event("gpu-2", 79, RECENT)).encode()
-    response = await post(app, "/v1/alerts/gpu-health", body, {SIGNATURE_HEADER: sign(HMAC_KEY.encode(), body)})
+    response = await post(app, "/v1/alerts/gpu-health", body, signed_headers(HMAC_KEY.encode(), body))
     assert response.status_code == 200
     tampered = body.replace(b"79", b"48")
-    response = await post(app, "/v1/alerts/gpu-health", tampered, {SIGNATURE_HEADER: sign(HMAC_KEY.encode(), body)})
+    response = await post(app, "/v1/alerts/gpu-health", tampered, signed_headers(HMAC_KEY.encode(), body))
     assert response.status_code == 401
     assert len(incidents.handed_over) == 1
 

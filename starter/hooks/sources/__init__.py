@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from contracts.models import NodeFailureAlert
+from contracts.models import _NODE_NAME, NodeFailureAlert, NodeName
 
 # The limits of NodeFailureAlert's free-text fields (contracts/models.py).
 REASON_MAX, MESSAGE_MAX, ACTOR_MAX = 500, 2000, 200
@@ -33,6 +33,13 @@ def _rfc3339(value: object) -> object:
 
 # Not strict: a strict datetime takes no string once a validator runs first; _rfc3339 is the strictness.
 Timestamp = Annotated[AwareDatetime, Field(strict=False), BeforeValidator(_rfc3339)]
+
+
+# The contract's node name, with its rule in the OpenAPI document too (a validator function alone
+# shows there as any string).
+WireNodeName = Annotated[NodeName, WithJsonSchema(
+    {"type": "string", "minLength": 1, "maxLength": 63, "pattern": _NODE_NAME.pattern,
+     "description": "one host name: letters, digits, '.', '_' or '-', starting with a letter or digit"})]
 
 
 class WireModel(BaseModel):

@@ -11,15 +11,15 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from contracts.models import NodeName, Xid
-from starter.hooks.sources import MESSAGE_MAX, Incoming, Timestamp, WireModel, one_line
+from contracts.models import Xid
+from starter.hooks.sources import MESSAGE_MAX, Incoming, Timestamp, WireModel, WireNodeName, one_line
 from starter.hooks.sources.kernel_log import SourceName
 
 GpuUuid = Annotated[str, Field(pattern=r"^(GPU|MIG)-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")]
 
 
 class GpuHealthEvent(WireModel):
-    node: NodeName
+    node: WireNodeName
     gpu_index: Annotated[int, Field(ge=0, le=63)] | None = None
     gpu_uuid: GpuUuid | None = None
     kind: Literal["xid", "nccl_timeout"] = "xid"

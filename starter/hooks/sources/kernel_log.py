@@ -17,9 +17,17 @@ from typing import Annotated
 
 from pydantic import Field
 
-from contracts.models import NodeName
 from starter.hooks.problems import problem
-from starter.hooks.sources import MESSAGE_MAX, REASON_MAX, Incoming, Timestamp, WireModel, clip, one_line
+from starter.hooks.sources import (
+    MESSAGE_MAX,
+    REASON_MAX,
+    Incoming,
+    Timestamp,
+    WireModel,
+    WireNodeName,
+    clip,
+    one_line,
+)
 
 SourceName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:/-]+$")]
 
@@ -33,21 +41,25 @@ _PROCESS = re.compile(r"^(?:pid=[^,]*, *)?(?:name=[^,]*, *)?")
 
 
 class KernelLogPost(WireModel):
-    node: NodeName
+    node: WireNodeName
     lines: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(min_length=1)]
     observed_at: Timestamp | None = Field(None, description="when the lines were read (default: on receipt)")
     source: SourceName = "kernel-log"
 
 
 def parse_line(line: str) -> tuple[int, str, str, datetime | None] | None:
-    """(xid, PCI address, description, time) of an NVRM Xid line, or None if it is not one."""
+    """(xid, PCI address, description, time) of an NVRM Xid line, or None if it is not one;
+    ValueError if its leading time is not a real one (February 30th, hour 25, offset +99:99)."""
     match = _XID_LINE.search(line)
     if match is None:
         return None
     when = None
     stamp = _LEADING_TIME.match(line)
     if stamp is not None:
-        when = datetime.fromisoformat(stamp.group(1).replace(",", "."))
+        try:
+            when = datetime.fromisoformat(stamp.group(1).replace(",", "."))
+        except ValueError as e:
+            raise ValueError(f"the line's leading time is not a valid time: {e}") from None
     rest = (match.group("rest") or "").strip()
     return int(match.group("xid")), match.group("pci"), _PROCESS.sub("", rest) or rest, when
 
@@ -55,7 +67,11 @@ def parse_line(line: str) -> tuple[int, str, str, datetime | None] | None:
 def to_incoming(post: KernelLogPost, received_at: datetime) -> tuple[list[Incoming], list[dict[str, str]]]:
     alerts, problems = [], []
     for i, line in enumerate(post.lines):
-        parsed = parse_line(line)
+        try:
+            parsed = parse_line(line)
+        except ValueError as e:
+            problems.append(problem(f"lines[{i}]", str(e)))
+            continue
         if parsed is None:
             problems.append(problem(f"lines[{i}]", "not an NVRM Xid line ('NVRM: Xid (PCI:…): <xid>, …')"))
             continue
