@@ -26,7 +26,8 @@ COMMAND_ARGS = {
     "drill": [], "inject": ["--node", "gpu-1", "--xid", "79"], "status": [], "list": [],
     "describe": ["gpu-1"], "report": ["gpu-1"], "approve": ["gpu-1", "--reason", "r"],
     "deny": ["gpu-1", "--reason", "r"], "abort": ["gpu-1", "--reason", "r"],
-    "release-quarantine": ["gpu-1", "--reason", "r"], "budget": [], "config": [], "stack": ["status"],
+    "release-quarantine": ["gpu-1", "--reason", "r"], "reset-breaker": ["--reason", "r"], "budget": [],
+    "config": [], "stack": ["status"],
     "hooks": [],
 }
 
