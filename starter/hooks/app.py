@@ -31,7 +31,16 @@ from starter.hooks.credentials import Credential
 from starter.hooks.intake import Intake, Outcome, Result
 from starter.hooks.problems import Refused, from_validation, problem
 from starter.hooks.settings import HookSettings
-from starter.hooks.sources import Incoming, WireModel, alertmanager, clip, gpu_health, kernel_log
+from starter.hooks.sources import (
+    IgnoredLine,
+    Incoming,
+    Parsed,
+    WireModel,
+    alertmanager,
+    clip,
+    gpu_health,
+    kernel_log,
+)
 
 log = logging.getLogger("training_recovery.hooks")
 
@@ -58,6 +67,11 @@ class AlertAnswer(BaseModel):
     reason: str | None = Field(None, description="why it was dropped, or whose incident it joined")
 
 
+class IgnoredAnswer(BaseModel):
+    index: int = Field(description="the line's index in `lines`")
+    reason: str
+
+
 class HookAnswer(BaseModel):
     """200: each alert, in request order, with what happened to it."""
 
@@ -66,6 +80,8 @@ class HookAnswer(BaseModel):
     duplicate: int
     dropped: int
     alerts: list[AlertAnswer]
+    ignored: list[IgnoredAnswer] = Field(
+        default_factory=list, description="kernel-log lines that are no Xid line, left out (absent when none)")
 
 
 class Problem(BaseModel):
@@ -83,7 +99,7 @@ class ProblemAnswer(BaseModel):
 
 # --- the sources, as endpoints -----------------------------------------------------------------
 
-Parse = Callable[[WireModel, HookSettings, datetime], tuple[list[Incoming], list[dict[str, str]]]]
+Parse = Callable[[WireModel, HookSettings, datetime], Parsed]
 
 
 @dataclass(frozen=True)
@@ -91,16 +107,16 @@ class Endpoint:
     name: str
     path: str
     model: type[WireModel]
-    parse: Parse  # the validated body -> (alerts, problems)
+    parse: Parse  # the validated body -> its alerts, problems and ignored lines
     summary: str
 
 
 ENDPOINTS = [
     Endpoint("alertmanager", "/v1/alerts/alertmanager", alertmanager.AlertmanagerWebhook,
-             lambda body, s, now: alertmanager.to_incoming(body, s.node_labels),
+             lambda body, s, now: Parsed(*alertmanager.to_incoming(body, s.node_labels)),
              "Prometheus Alertmanager webhook (version 4) with dcgm-exporter XID alerts"),
     Endpoint("gpu-health", "/v1/alerts/gpu-health", gpu_health.GpuHealthEvent,
-             lambda body, s, now: ([gpu_health.to_incoming(body)], []),
+             lambda body, s, now: Parsed([gpu_health.to_incoming(body)], []),
              "one GPU health event: an XID on a GPU, or an NCCL timeout"),
     Endpoint("kernel-log", "/v1/alerts/kernel-log", kernel_log.KernelLogPost,
              lambda body, s, now: kernel_log.to_incoming(body, now),
@@ -177,9 +193,8 @@ class HookApp:
         if media_type != "application/json":
             raise Refused(415, "unsupported media type",
                           [problem("headers.content-type", f"expected application/json, got {media_type or 'none'}")])
-        incoming = self._parsed.get(endpoint.name, body)
-        if incoming is None:
-            incoming = self._parse(endpoint, body)
+        parsed = self._parsed.get(endpoint.name, body) or self._parse(endpoint, body)
+        incoming = parsed.alerts
         self._check_scope(endpoint, credential, incoming)
         try:
             results = await self.intake.submit(incoming)
@@ -190,20 +205,21 @@ class HookApp:
         if dropped:
             log.info("%s: dropped %d of %d alert(s); first: %s: %s", endpoint.name, len(dropped), len(results),
                      dropped[0][0].node, dropped[0][1].reason)
-        return answer_json(incoming, results)
+        return answer_json(incoming, results, parsed.ignored)
 
-    def _parse(self, endpoint: Endpoint, body: bytes) -> list[Incoming]:
+    def _parse(self, endpoint: Endpoint, body: bytes) -> Parsed:
         payload = _validate(endpoint.model, body)
         now = utc_now()
-        incoming, problems = endpoint.parse(payload, self.settings, now)
+        parsed = endpoint.parse(payload, self.settings, now)
+        incoming, problems = parsed.alerts, parsed.problems
         if len(incoming) > self.settings.max_alerts_per_request:
             problems.append(problem("body", f"{len(incoming)} alerts; at most "
                                             f"{self.settings.max_alerts_per_request} per request"))
         if problems:
             raise Refused(422, "invalid alerts", problems)
         if all(i.observed_at != now for i in incoming):  # the same bytes will give the same alerts
-            self._parsed.put(endpoint.name, body, incoming)
-        return incoming
+            self._parsed.put(endpoint.name, body, parsed)
+        return parsed
 
     def _check_scope(self, endpoint: Endpoint, credential: Credential, incoming: list[Incoming]) -> None:
         """Refused(403) when an alert names a node the credential may not report on: a sender holds
@@ -251,30 +267,34 @@ class HookApp:
 
 
 class ParsedBodies:
-    """The alerts of bodies already validated, by endpoint and a digest of the exact bytes.
+    """Bodies already validated, as parsed, by endpoint and a digest of the exact bytes.
 
     A storm is mostly re-sends of byte-identical bodies (Alertmanager's repeats and HA pairs, shipper
     retries); they are authenticated as any other request, but not parsed again. Only bodies whose
     alerts do not depend on when they arrived are kept (a kernel log line without a time takes the
-    time of receipt). Bounded by the alerts held."""
+    time of receipt). Bounded by the alerts and ignored lines held."""
 
-    def __init__(self, max_alerts: int) -> None:
-        self._max_alerts = max_alerts
-        self._alerts = 0
-        self._bodies: OrderedDict[tuple[str, bytes], list[Incoming]] = OrderedDict()
+    def __init__(self, max_items: int) -> None:
+        self._max_items = max_items
+        self._items = 0
+        self._bodies: OrderedDict[tuple[str, bytes], Parsed] = OrderedDict()
 
     @staticmethod
     def _key(endpoint: str, body: bytes) -> tuple[str, bytes]:
         return endpoint, hashlib.blake2b(body, digest_size=16).digest()
 
-    def get(self, endpoint: str, body: bytes) -> list[Incoming] | None:
+    def get(self, endpoint: str, body: bytes) -> Parsed | None:
         return self._bodies.get(self._key(endpoint, body))
 
-    def put(self, endpoint: str, body: bytes, incoming: list[Incoming]) -> None:
-        self._bodies[self._key(endpoint, body)] = incoming
-        self._alerts += len(incoming)
-        while self._alerts > self._max_alerts:
-            self._alerts -= len(self._bodies.popitem(last=False)[1])
+    def put(self, endpoint: str, body: bytes, parsed: Parsed) -> None:
+        self._bodies[self._key(endpoint, body)] = parsed
+        self._items += _size(parsed)
+        while self._items > self._max_items:
+            self._items -= _size(self._bodies.popitem(last=False)[1])
+
+
+def _size(parsed: Parsed) -> int:
+    return len(parsed.alerts) + len(parsed.ignored)
 
 
 def _too_large(limit: int) -> Refused:
@@ -303,7 +323,8 @@ def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> None:
         seen.add(key)
 
 
-def answer_json(incoming: list[Incoming], results: list[Result]) -> bytes:
+def answer_json(incoming: list[Incoming], results: list[Result],
+                ignored: tuple[IgnoredLine, ...] = ()) -> bytes:
     """The 200 answer (HookAnswer), encoded directly: in a storm this is every request's last step."""
     counts = dict.fromkeys(Outcome, 0)
     alerts = []
@@ -315,7 +336,10 @@ def answer_json(incoming: list[Incoming], results: list[Result]) -> bytes:
         if r.reason:
             alert["reason"] = r.reason
         alerts.append(alert)
-    return _JSON.encode({o.value: n for o, n in counts.items()} | {"alerts": alerts}).encode()
+    answer = {o.value: n for o, n in counts.items()} | {"alerts": alerts}
+    if ignored:
+        answer["ignored"] = [{"index": line.index, "reason": line.reason} for line in ignored]
+    return _JSON.encode(answer).encode()
 
 
 def openapi_document(settings: HookSettings) -> dict:

@@ -184,7 +184,8 @@ async def test_too_many_alerts_in_one_request_are_refused():
     (b"", {}, 400, "body"),
     (json.dumps({"node": "gpu-2"}).encode(), {"content-type": "text/plain"}, 415, "headers.content-type"),
     (json.dumps({"node": "gpu-[1-2]", "lines": [xid_line(79)]}).encode(), {}, 422, "node"),
-    (json.dumps({"node": "gpu-2", "lines": [xid_line(79), "hello"]}).encode(), {}, 422, "lines[1]"),
+    (json.dumps({"node": "gpu-2", "lines": ["hello", "NVRM: GPU Board Serial Number: 1"]}).encode(), {}, 422,
+     "lines[1]"),
 ])
 async def test_bad_input_is_a_4xx_naming_the_problem_and_nothing_is_handed_over(body, headers, status, loc):
     app, incidents = hook_app()
@@ -211,6 +212,27 @@ async def test_when_temporal_is_unavailable_503_and_the_retry_is_accepted():
     assert HookAnswer.model_validate(response.json()).accepted == 1
 
 
+async def test_a_kernel_log_batch_with_other_lines_hands_over_its_xid_and_names_the_rest():
+    app, incidents = hook_app()
+    lines = [f"{RECENT.isoformat()} gpu-2 kernel: NVRM: Xid (PCI:0000:01:00): 79, pid=1234, name=python, "
+             "GPU has fallen off the bus.",
+             f"{RECENT.isoformat()} gpu-2 kernel: NVRM: GPU 0000:01:00.0: GPU has fallen off the bus.",
+             f"{RECENT.isoformat()} gpu-2 kernel: NVRM: Xid (PCI:0000:01:00): 154 ("]
+    for _ in range(2):  # the second time from the parsed-bodies cache: the same answer
+        response = await post(app, "/v1/alerts/kernel-log", kernel_log_post("gpu-2", lines))
+        assert response.status_code == 200, response.text
+        answer = HookAnswer.model_validate(response.json())
+        assert [a.xid for a in answer.alerts] == [79, 154]
+        assert [(i.index, "not an NVRM Xid line" in i.reason) for i in answer.ignored] == [(1, True)]
+    assert [a.xid for a in incidents.handed_over] == [79, 154]
+
+
+async def test_an_answer_with_nothing_ignored_has_no_ignored_field():
+    app, _ = hook_app()
+    response = await post(app, "/v1/alerts/kernel-log", kernel_log_post("gpu-2", [xid_line(79)], RECENT))
+    assert "ignored" not in response.json()
+
+
 # --- documents -----------------------------------------------------------------------------------
 
 
@@ -230,6 +252,8 @@ async def test_openapi_document_describes_every_endpoint_and_answer():
         assert {"200", "400", "401", "413", "415", "422", "503"} <= set(op["responses"])
     assert set(schemas["AlertmanagerWebhook"]["required"]) >= {"version", "alerts", "status"}
     assert schemas["GpuHealthEvent"]["additionalProperties"] is False
+    assert schemas["HookAnswer"]["properties"]["ignored"]["items"]["$ref"].endswith("/IgnoredAnswer")
+    assert set(schemas["IgnoredAnswer"]["properties"]) == {"index", "reason"}
     assert set(doc["components"]["securitySchemes"]) == {"bearer", "hmac"}
 
 

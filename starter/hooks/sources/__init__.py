@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
@@ -72,6 +72,23 @@ class Incoming:
         return NodeFailureAlert(node=primary_node, observed_on=self.node, xid=self.xid or primary_xid,
                                 source=self.source, actor=self.actor, reason=clip(f"{why}: {self.reason}", REASON_MAX),
                                 observed_at=self.observed_at, message=self.message)
+
+
+@dataclass(frozen=True, slots=True)
+class IgnoredLine:
+    """A part of a request that is no alert and was left out, not refused (a kernel log's non-Xid line)."""
+
+    index: int
+    reason: str
+
+
+class Parsed(NamedTuple):
+    """A validated request, as a source reads it: its alerts, its problems (any refuses it whole)
+    and what it ignored."""
+
+    alerts: list[Incoming]
+    problems: list[dict[str, str]]
+    ignored: tuple[IgnoredLine, ...] = ()
 
 
 def clip(text: str, limit: int) -> str:
