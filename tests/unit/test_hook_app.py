@@ -19,6 +19,7 @@ from starter.hooks.testing import (
     alertmanager_payload,
     dcgm_alert,
     gpu_health_event,
+    gpu_uuid,
     kernel_log_post,
     xid_line,
 )
@@ -268,3 +269,33 @@ async def test_metrics_count_requests_and_outcomes():
     assert 'recovery_hook_requests_total{endpoint="gpu-health",status="422"} 1' in text
     assert 'recovery_hook_alerts_total{outcome="duplicate"} 1' in text
     assert 'recovery_hook_temporal_calls_total{call="join_or_open"} 1' in text
+
+
+# --- the alert's GPU -----------------------------------------------------------------------------
+
+
+async def test_the_gpu_each_source_names_reaches_the_incident():
+    app, incidents = hook_app()
+    alert = dcgm_alert("gpu-2", 13, RECENT, gpu=3)
+    alert["labels"]["pci_bus_id"] = "00000000:3B:00.0"
+    line = f"{RECENT.isoformat()} gpu-7 kernel: NVRM: Xid (PCI:0000:01:00): 79, pid=1, name=python, GPU fault"
+    for path, payload in [("/v1/alerts/alertmanager", alertmanager_payload([alert])),
+                          ("/v1/alerts/kernel-log", kernel_log_post("gpu-7", [line])),
+                          ("/v1/alerts/gpu-health", gpu_health_event("gpu-9", 79, RECENT, gpu=5))]:
+        assert (await post(app, path, payload)).status_code == 200
+    by_node = {a.node: a for a in incidents.handed_over}
+    assert (by_node["gpu-2"].gpu_index, by_node["gpu-2"].gpu_uuid, by_node["gpu-2"].pci_address) == (
+        3, gpu_uuid("gpu-2", 3), "0000:3b:00.0")
+    assert by_node["gpu-2"].gpu == gpu_uuid("gpu-2", 3)
+    assert (by_node["gpu-7"].gpu, by_node["gpu-7"].pci_address, by_node["gpu-7"].gpu_index) == (
+        "0000:01:00.0", "0000:01:00.0", None)
+    assert (by_node["gpu-9"].gpu, by_node["gpu-9"].gpu_index) == (gpu_uuid("gpu-9", 5), 5)
+
+
+async def test_gpu_labels_of_another_shape_name_no_gpu_and_keep_the_alert():
+    app, incidents = hook_app()
+    alert = dcgm_alert("gpu-2", 13, RECENT)
+    alert["labels"] |= {"gpu": "nvidia0", "UUID": "not-a-uuid", "pci_bus_id": "slot 3"}
+    assert (await post(app, "/v1/alerts/alertmanager", alertmanager_payload([alert]))).status_code == 200
+    handed = incidents.handed_over[0]
+    assert (handed.gpu, handed.gpu_index, handed.gpu_uuid, handed.pci_address) == (None, None, None, None)

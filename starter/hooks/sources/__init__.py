@@ -60,15 +60,21 @@ class Incoming:
     observed_at: datetime
     message: str = ""
     resolved: bool = False
+    # The GPU, validated by the source (the contract's shapes), as far as the source names it.
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
+    pci_address: str | None = None
 
     def to_alert(self) -> NodeFailureAlert:
         assert self.xid is not None, "an event without an XID only joins another node's incident"
         return NodeFailureAlert(node=self.node, xid=self.xid, source=self.source, actor=self.actor,
-                                reason=self.reason, observed_at=self.observed_at, message=self.message)
+                                reason=self.reason, observed_at=self.observed_at, message=self.message,
+                                gpu_index=self.gpu_index, gpu_uuid=self.gpu_uuid, pci_address=self.pci_address)
 
     def joining(self, primary_node: str, primary_xid: int, why: str) -> NodeFailureAlert:
         """This alert as it joins the incident of the node whose failure it follows from: that
-        node's, observed on this one; an NCCL timeout, which has no XID, carries the primary's."""
+        node's, observed on this one; an NCCL timeout, which has no XID, carries the primary's. It
+        names no GPU: its GPU is one of this node's, and the incident's GPU is the failed node's."""
         return NodeFailureAlert(node=primary_node, observed_on=self.node, xid=self.xid or primary_xid,
                                 source=self.source, actor=self.actor, reason=clip(f"{why}: {self.reason}", REASON_MAX),
                                 observed_at=self.observed_at, message=self.message)

@@ -19,6 +19,7 @@ from typing import Annotated
 
 from pydantic import Field
 
+from contracts.models import canonical_pci_address
 from starter.hooks.problems import problem
 from starter.hooks.sources import (
     MESSAGE_MAX,
@@ -92,7 +93,7 @@ def to_incoming(post: KernelLogPost, received_at: datetime) -> Parsed:
             node=post.node, xid=xid, source=post.source, actor=f"kernel log of {post.node}",
             reason=one_line(f"XID {xid} on {pci}: {description}", REASON_MAX),
             observed_at=when or post.observed_at or received_at,
-            message=clip(line.strip(), MESSAGE_MAX),
+            message=clip(line.strip(), MESSAGE_MAX), pci_address=canonical_pci_address(pci),
         ))
     if not alerts and not problems:
         problems = [problem(f"lines[{line.index}]", line.reason) for line in ignored]
