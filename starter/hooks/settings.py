@@ -81,6 +81,11 @@ class HookSettings(BaseSettings):
         description="Alertmanager labels holding the node name, first present wins",
     )
 
+    # --- per-node state ---
+    node_state_size: int = Field(
+        100_000, gt=0, description="nodes whose state the hook keeps (last incident, flood counts); beyond it "
+        "the longest idle node's is forgotten")
+
     # --- hand-over ---
     max_batch_alerts: int = Field(200, gt=0, description="alerts per hand-over to one incident")
     max_inflight_handovers: int = Field(64, gt=0, description="concurrent Temporal calls")
@@ -133,6 +138,7 @@ class HookSettings(BaseSettings):
             max_batch=self.max_batch_alerts,
             max_inflight=self.max_inflight_handovers,
             dedupe_size=self.dedupe_cache_size,
+            node_state_size=self.node_state_size,
         )
 
 
