@@ -29,6 +29,7 @@ from contracts.models import utc_now
 from starter.hooks.auth import NONCE_CHARACTERS, NONCE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, Authenticator
 from starter.hooks.credentials import Credential
 from starter.hooks.intake import Intake, Outcome, Result
+from starter.hooks.inventory import EveryNode, InventoryUnavailable, NodeInventory
 from starter.hooks.problems import Refused, from_validation, problem
 from starter.hooks.settings import HookSettings
 from starter.hooks.sources import (
@@ -51,7 +52,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 _CONTENT_TYPE = {"json": b"application/json", "text": b"text/plain; charset=utf-8"}
-_OUT_OF_SCOPE_NAMED = 20  # nodes named in a 403 answer, at most
+_NODES_NAMED = 20  # nodes named in a 403 or an unknown nodes' 422 answer, at most
 _READ_HEADERS = frozenset(name.encode() for name in ("authorization", SIGNATURE_HEADER, TIMESTAMP_HEADER, NONCE_HEADER,
                                                      "content-type", "content-length"))
 
@@ -125,9 +126,11 @@ ENDPOINTS = [
 
 
 class HookApp:
-    def __init__(self, settings: HookSettings, intake: Intake) -> None:
+    def __init__(self, settings: HookSettings, intake: Intake, inventory: NodeInventory = EveryNode()) -> None:
         self.settings = settings
         self.intake = intake
+        self._inventory = inventory
+        self._unknown_node_requests = 0  # requests refused 422 for naming a node the cluster does not have
         self._auth = Authenticator(settings)
         self._requests: Counter[tuple[str, int]] = Counter()
         self._out_of_scope: Counter[str] = Counter()  # requests refused 403, by credential
@@ -196,6 +199,7 @@ class HookApp:
         parsed = self._parsed.get(endpoint.name, body) or self._parse(endpoint, body)
         incoming = parsed.alerts
         self._check_scope(endpoint, credential, incoming)
+        await self._check_known_nodes(endpoint, incoming)
         try:
             results = await self.intake.submit(incoming)
         except Exception as e:
@@ -229,9 +233,25 @@ class HookApp:
             return
         self._out_of_scope[credential.name] += 1
         log.warning("%s: credential %s may not report on %s: request refused", endpoint.name, credential.name,
-                    ", ".join(outside[:_OUT_OF_SCOPE_NAMED]))
+                    ", ".join(outside[:_NODES_NAMED]))
         raise Refused(403, "forbidden", [problem("body", f"credential {credential.name} may not report on node {node}")
-                                         for node in outside[:_OUT_OF_SCOPE_NAMED]])
+                                         for node in outside[:_NODES_NAMED]])
+
+    async def _check_known_nodes(self, endpoint: Endpoint, incoming: list[Incoming]) -> None:
+        """Refused(422) when an alert names a node the cluster does not have, Refused(503) when the
+        cluster's nodes cannot be read and none are known: an unknown name opens no incident, and
+        takes no room in the hook's memory."""
+        try:
+            unknown = await self._inventory.unknown(i.node for i in incoming)
+        except InventoryUnavailable as e:
+            raise Refused(503, "unavailable", [problem("inventory", f"{e}; retry")]) from e
+        if not unknown:
+            return
+        self._unknown_node_requests += 1
+        log.warning("%s: %d node(s) not in the cluster, first %s: request refused", endpoint.name, len(unknown),
+                    unknown[0])
+        raise Refused(422, "unknown nodes", [problem("body", f"node {node} is not in the cluster")
+                                             for node in unknown[:_NODES_NAMED]])
 
     async def _read(self, declared: str | None, receive: Receive) -> bytes:
         limit = self.settings.max_body_bytes
@@ -258,6 +278,8 @@ class HookApp:
         lines.append("# TYPE recovery_hook_out_of_scope_requests_total counter")
         lines += [f'recovery_hook_out_of_scope_requests_total{{credential="{c}"}} {n}'
                   for c, n in sorted(self._out_of_scope.items())]
+        lines.append("# TYPE recovery_hook_unknown_node_requests_total counter")
+        lines.append(f"recovery_hook_unknown_node_requests_total {self._unknown_node_requests}")
         lines.append("# TYPE recovery_hook_alerts_total counter")
         lines += [f'recovery_hook_alerts_total{{outcome="{o.value}"}} {self.intake.outcomes[o.value]}' for o in Outcome]
         lines.append("# TYPE recovery_hook_temporal_calls_total counter")
@@ -376,10 +398,10 @@ def openapi_document(settings: HookSettings) -> dict:
                 "403": problems("an alert names a node the credential may not report on"),
                 "413": problems(f"the body is larger than {settings.max_body_bytes} bytes"),
                 "415": problems("the body is not application/json"),
-                "422": problems("the payload or an alert in it is invalid"),
+                "422": problems("the payload or an alert in it is invalid, or names a node the cluster does not have"),
                 "431": problems(f"the request line and headers are larger than {settings.max_header_bytes} bytes"),
-                "503": problems("Temporal could not take every alert, or the replay window holds too many "
-                                "signatures; retry the request"),
+                "503": problems("Temporal could not take every alert, the replay window holds too many "
+                                "signatures, or the cluster's nodes could not be read; retry the request"),
             },
         }}
         for e in ENDPOINTS

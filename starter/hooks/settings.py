@@ -81,6 +81,14 @@ class HookSettings(BaseSettings):
         description="Alertmanager labels holding the node name, first present wins",
     )
 
+    # --- the cluster's nodes (docs/alert-hooks.md, "Unknown nodes") ---
+    inventory: Literal["slurm", "off"] | None = Field(
+        None, description="refuse alerts on nodes the cluster does not have: slurm (its node list, read through "
+        "the Slurm CLI) or off; unset: slurm when SLURM_CONF (or RECOVERY_SLURM_CONF) says where Slurm is, else off")
+    inventory_ttl_seconds: float = Field(
+        60.0, gt=0, description="the cluster's node list is read again after this long (a node added to the "
+        "cluster is refused until then)")
+
     # --- per-node state ---
     node_state_size: int = Field(
         100_000, gt=0, description="nodes whose state the hook keeps (last incident, flood counts); beyond it "
