@@ -341,7 +341,8 @@ def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> None:
     seen = set()
     for key, _ in pairs:
         if key in seen:
-            raise Refused(400, "body is not JSON", [problem("body", f"the key {clip(key, 64)!r} is twice in one object")])
+            raise Refused(400, "body is not JSON",
+                          [problem("body", f"the key {clip(key, 64)!r} is twice in one object")])
         seen.add(key)
 
 
