@@ -98,6 +98,8 @@ def hook_server(workdir: Path, temporal_address: str, token: str) -> Iterator[tu
         "TEMPORAL_ADDRESS": temporal_address, "RECOVERY_TASK_QUEUE": "bench",
         "RECOVERY_HOOKS_HOST": "127.0.0.1", "RECOVERY_HOOKS_PORT": str(port), "RECOVERY_HOOKS_TOKEN": token,
         "RECOVERY_HOOKS_CORRELATION_HOLD_SECONDS": os.environ.get("RECOVERY_HOOKS_CORRELATION_HOLD_SECONDS", "0"),
+        # The storm's nodes are made up: no cluster has them, even where SLURM_CONF is exported.
+        "RECOVERY_HOOKS_INVENTORY": os.environ.get("RECOVERY_HOOKS_INVENTORY", "off"),
     }
     with process([str(BIN / "recovery"), "hooks"], env, workdir / "hooks.log") as proc:
         _wait_for_port(port, proc, "recovery hooks")

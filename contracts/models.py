@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 # Slurm node names as the controller accepts them: one host name, no host list syntax
 # ("gpu-[1-4]", commas) and nothing a shell or scontrol's key=value parser could misread.
@@ -33,6 +33,24 @@ NodeName = Annotated[str, AfterValidator(_check_node_name)]
 JobId = Annotated[int, Field(gt=0, lt=2**32)]
 Xid = Annotated[int, Field(ge=1, le=999)]
 Actor = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\n\r]+$")]
+# A GPU as nvidia-smi and DCGM name it: its index on the node, its UUID (a MIG instance's too), its
+# PCI address (domain:bus:device.function, lower case, as canonical_pci_address writes it).
+MAX_GPU_INDEX = 63
+GPU_UUID = re.compile(r"^(GPU|MIG)-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
+GpuIndex = Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]
+GpuUuid = Annotated[str, Field(pattern=GPU_UUID.pattern)]
+PciAddress = Annotated[str, Field(pattern=r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")]
+_PCI_ADDRESS = re.compile(r"^(?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?$")
+
+
+def canonical_pci_address(text: str) -> str | None:
+    """'PCI:0000:3B:00' (the kernel's), '00000000:3b:00.0' (DCGM's) -> '0000:3b:00.0'; None if not one.
+    One spelling per GPU, so that its alerts from every source name it alike."""
+    match = _PCI_ADDRESS.match(text)
+    if match is None or int(match.group(1), 16) > 0xFFFF:
+        return None
+    domain, bus, device, function = match.groups()
+    return f"{int(domain, 16):04x}:{bus.lower()}:{device.lower()}.{function or 0}"
 
 
 def utc_now() -> datetime:
@@ -78,10 +96,23 @@ class NodeFailureAlert(Contract):
     observed_at: datetime = Field(default_factory=utc_now)
     message: Annotated[str, Field(max_length=2000)] = ""
     gpu: Annotated[str, Field(pattern=r"^[A-Za-z0-9:._-]{1,64}$")] | None = Field(
-        None, description="which GPU: index, UUID or PCI bus id as the source names it")
+        None, description="which GPU: index, UUID or PCI bus id as the source names it; when unset, the best "
+        "of gpu_uuid, pci_address and gpu_index (application XIDs are counted per this value)")
+    gpu_index: GpuIndex | None = None
+    gpu_uuid: GpuUuid | None = None
+    pci_address: PciAddress | None = None
     observed_on: NodeName | None = Field(
         None, description="where the symptom was seen, when not on `node`: a peer of the failed node "
         "whose alert (NVLink, NCCL timeout) was correlated to this node's incident")
+
+    @model_validator(mode="after")
+    def _gpu_from_its_identifiers(self) -> NodeFailureAlert:
+        # The UUID first: it names one GPU for its life, where an index or a PCI address can name
+        # another GPU after a reboot or a board swap.
+        if self.gpu is None:
+            index = None if self.gpu_index is None else str(self.gpu_index)
+            self.gpu = self.gpu_uuid or self.pci_address or index
+        return self
 
 
 class AlertDigest(Contract):

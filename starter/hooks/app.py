@@ -29,9 +29,19 @@ from contracts.models import utc_now
 from starter.hooks.auth import NONCE_CHARACTERS, NONCE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, Authenticator
 from starter.hooks.credentials import Credential
 from starter.hooks.intake import Intake, Outcome, Result
+from starter.hooks.inventory import EveryNode, InventoryUnavailable, NodeInventory
 from starter.hooks.problems import Refused, from_validation, problem
 from starter.hooks.settings import HookSettings
-from starter.hooks.sources import Incoming, WireModel, alertmanager, clip, gpu_health, kernel_log
+from starter.hooks.sources import (
+    IgnoredLine,
+    Incoming,
+    Parsed,
+    WireModel,
+    alertmanager,
+    clip,
+    gpu_health,
+    kernel_log,
+)
 
 log = logging.getLogger("training_recovery.hooks")
 
@@ -42,7 +52,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 _CONTENT_TYPE = {"json": b"application/json", "text": b"text/plain; charset=utf-8"}
-_OUT_OF_SCOPE_NAMED = 20  # nodes named in a 403 answer, at most
+_NODES_NAMED = 20  # nodes named in a 403 or an unknown nodes' 422 answer, at most
 _READ_HEADERS = frozenset(name.encode() for name in ("authorization", SIGNATURE_HEADER, TIMESTAMP_HEADER, NONCE_HEADER,
                                                      "content-type", "content-length"))
 
@@ -58,6 +68,11 @@ class AlertAnswer(BaseModel):
     reason: str | None = Field(None, description="why it was dropped, or whose incident it joined")
 
 
+class IgnoredAnswer(BaseModel):
+    index: int = Field(description="the line's index in `lines`")
+    reason: str
+
+
 class HookAnswer(BaseModel):
     """200: each alert, in request order, with what happened to it."""
 
@@ -66,6 +81,8 @@ class HookAnswer(BaseModel):
     duplicate: int
     dropped: int
     alerts: list[AlertAnswer]
+    ignored: list[IgnoredAnswer] = Field(
+        default_factory=list, description="kernel-log lines that are no Xid line, left out (absent when none)")
 
 
 class Problem(BaseModel):
@@ -83,7 +100,7 @@ class ProblemAnswer(BaseModel):
 
 # --- the sources, as endpoints -----------------------------------------------------------------
 
-Parse = Callable[[WireModel, HookSettings, datetime], tuple[list[Incoming], list[dict[str, str]]]]
+Parse = Callable[[WireModel, HookSettings, datetime], Parsed]
 
 
 @dataclass(frozen=True)
@@ -91,16 +108,16 @@ class Endpoint:
     name: str
     path: str
     model: type[WireModel]
-    parse: Parse  # the validated body -> (alerts, problems)
+    parse: Parse  # the validated body -> its alerts, problems and ignored lines
     summary: str
 
 
 ENDPOINTS = [
     Endpoint("alertmanager", "/v1/alerts/alertmanager", alertmanager.AlertmanagerWebhook,
-             lambda body, s, now: alertmanager.to_incoming(body, s.node_labels),
+             lambda body, s, now: Parsed(*alertmanager.to_incoming(body, s.node_labels)),
              "Prometheus Alertmanager webhook (version 4) with dcgm-exporter XID alerts"),
     Endpoint("gpu-health", "/v1/alerts/gpu-health", gpu_health.GpuHealthEvent,
-             lambda body, s, now: ([gpu_health.to_incoming(body)], []),
+             lambda body, s, now: Parsed([gpu_health.to_incoming(body)], []),
              "one GPU health event: an XID on a GPU, or an NCCL timeout"),
     Endpoint("kernel-log", "/v1/alerts/kernel-log", kernel_log.KernelLogPost,
              lambda body, s, now: kernel_log.to_incoming(body, now),
@@ -109,9 +126,11 @@ ENDPOINTS = [
 
 
 class HookApp:
-    def __init__(self, settings: HookSettings, intake: Intake) -> None:
+    def __init__(self, settings: HookSettings, intake: Intake, inventory: NodeInventory = EveryNode()) -> None:
         self.settings = settings
         self.intake = intake
+        self._inventory = inventory
+        self._unknown_node_requests = 0  # requests refused 422 for naming a node the cluster does not have
         self._auth = Authenticator(settings)
         self._requests: Counter[tuple[str, int]] = Counter()
         self._out_of_scope: Counter[str] = Counter()  # requests refused 403, by credential
@@ -177,10 +196,10 @@ class HookApp:
         if media_type != "application/json":
             raise Refused(415, "unsupported media type",
                           [problem("headers.content-type", f"expected application/json, got {media_type or 'none'}")])
-        incoming = self._parsed.get(endpoint.name, body)
-        if incoming is None:
-            incoming = self._parse(endpoint, body)
+        parsed = self._parsed.get(endpoint.name, body) or self._parse(endpoint, body)
+        incoming = parsed.alerts
         self._check_scope(endpoint, credential, incoming)
+        await self._check_known_nodes(endpoint, incoming)
         try:
             results = await self.intake.submit(incoming)
         except Exception as e:
@@ -190,20 +209,21 @@ class HookApp:
         if dropped:
             log.info("%s: dropped %d of %d alert(s); first: %s: %s", endpoint.name, len(dropped), len(results),
                      dropped[0][0].node, dropped[0][1].reason)
-        return answer_json(incoming, results)
+        return answer_json(incoming, results, parsed.ignored)
 
-    def _parse(self, endpoint: Endpoint, body: bytes) -> list[Incoming]:
+    def _parse(self, endpoint: Endpoint, body: bytes) -> Parsed:
         payload = _validate(endpoint.model, body)
         now = utc_now()
-        incoming, problems = endpoint.parse(payload, self.settings, now)
+        parsed = endpoint.parse(payload, self.settings, now)
+        incoming, problems = parsed.alerts, parsed.problems
         if len(incoming) > self.settings.max_alerts_per_request:
             problems.append(problem("body", f"{len(incoming)} alerts; at most "
                                             f"{self.settings.max_alerts_per_request} per request"))
         if problems:
             raise Refused(422, "invalid alerts", problems)
         if all(i.observed_at != now for i in incoming):  # the same bytes will give the same alerts
-            self._parsed.put(endpoint.name, body, incoming)
-        return incoming
+            self._parsed.put(endpoint.name, body, parsed)
+        return parsed
 
     def _check_scope(self, endpoint: Endpoint, credential: Credential, incoming: list[Incoming]) -> None:
         """Refused(403) when an alert names a node the credential may not report on: a sender holds
@@ -213,9 +233,25 @@ class HookApp:
             return
         self._out_of_scope[credential.name] += 1
         log.warning("%s: credential %s may not report on %s: request refused", endpoint.name, credential.name,
-                    ", ".join(outside[:_OUT_OF_SCOPE_NAMED]))
+                    ", ".join(outside[:_NODES_NAMED]))
         raise Refused(403, "forbidden", [problem("body", f"credential {credential.name} may not report on node {node}")
-                                         for node in outside[:_OUT_OF_SCOPE_NAMED]])
+                                         for node in outside[:_NODES_NAMED]])
+
+    async def _check_known_nodes(self, endpoint: Endpoint, incoming: list[Incoming]) -> None:
+        """Refused(422) when an alert names a node the cluster does not have, Refused(503) when the
+        cluster's nodes cannot be read and none are known: an unknown name opens no incident, and
+        takes no room in the hook's memory."""
+        try:
+            unknown = await self._inventory.unknown(i.node for i in incoming)
+        except InventoryUnavailable as e:
+            raise Refused(503, "unavailable", [problem("inventory", f"{e}; retry")]) from e
+        if not unknown:
+            return
+        self._unknown_node_requests += 1
+        log.warning("%s: %d node(s) not in the cluster, first %s: request refused", endpoint.name, len(unknown),
+                    unknown[0])
+        raise Refused(422, "unknown nodes", [problem("body", f"node {node} is not in the cluster")
+                                             for node in unknown[:_NODES_NAMED]])
 
     async def _read(self, declared: str | None, receive: Receive) -> bytes:
         limit = self.settings.max_body_bytes
@@ -242,6 +278,8 @@ class HookApp:
         lines.append("# TYPE recovery_hook_out_of_scope_requests_total counter")
         lines += [f'recovery_hook_out_of_scope_requests_total{{credential="{c}"}} {n}'
                   for c, n in sorted(self._out_of_scope.items())]
+        lines.append("# TYPE recovery_hook_unknown_node_requests_total counter")
+        lines.append(f"recovery_hook_unknown_node_requests_total {self._unknown_node_requests}")
         lines.append("# TYPE recovery_hook_alerts_total counter")
         lines += [f'recovery_hook_alerts_total{{outcome="{o.value}"}} {self.intake.outcomes[o.value]}' for o in Outcome]
         lines.append("# TYPE recovery_hook_temporal_calls_total counter")
@@ -251,30 +289,34 @@ class HookApp:
 
 
 class ParsedBodies:
-    """The alerts of bodies already validated, by endpoint and a digest of the exact bytes.
+    """Bodies already validated, as parsed, by endpoint and a digest of the exact bytes.
 
     A storm is mostly re-sends of byte-identical bodies (Alertmanager's repeats and HA pairs, shipper
     retries); they are authenticated as any other request, but not parsed again. Only bodies whose
     alerts do not depend on when they arrived are kept (a kernel log line without a time takes the
-    time of receipt). Bounded by the alerts held."""
+    time of receipt). Bounded by the alerts and ignored lines held."""
 
-    def __init__(self, max_alerts: int) -> None:
-        self._max_alerts = max_alerts
-        self._alerts = 0
-        self._bodies: OrderedDict[tuple[str, bytes], list[Incoming]] = OrderedDict()
+    def __init__(self, max_items: int) -> None:
+        self._max_items = max_items
+        self._items = 0
+        self._bodies: OrderedDict[tuple[str, bytes], Parsed] = OrderedDict()
 
     @staticmethod
     def _key(endpoint: str, body: bytes) -> tuple[str, bytes]:
         return endpoint, hashlib.blake2b(body, digest_size=16).digest()
 
-    def get(self, endpoint: str, body: bytes) -> list[Incoming] | None:
+    def get(self, endpoint: str, body: bytes) -> Parsed | None:
         return self._bodies.get(self._key(endpoint, body))
 
-    def put(self, endpoint: str, body: bytes, incoming: list[Incoming]) -> None:
-        self._bodies[self._key(endpoint, body)] = incoming
-        self._alerts += len(incoming)
-        while self._alerts > self._max_alerts:
-            self._alerts -= len(self._bodies.popitem(last=False)[1])
+    def put(self, endpoint: str, body: bytes, parsed: Parsed) -> None:
+        self._bodies[self._key(endpoint, body)] = parsed
+        self._items += _size(parsed)
+        while self._items > self._max_items:
+            self._items -= _size(self._bodies.popitem(last=False)[1])
+
+
+def _size(parsed: Parsed) -> int:
+    return len(parsed.alerts) + len(parsed.ignored)
 
 
 def _too_large(limit: int) -> Refused:
@@ -299,11 +341,13 @@ def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> None:
     seen = set()
     for key, _ in pairs:
         if key in seen:
-            raise Refused(400, "body is not JSON", [problem("body", f"the key {clip(key, 64)!r} is twice in one object")])
+            raise Refused(400, "body is not JSON",
+                          [problem("body", f"the key {clip(key, 64)!r} is twice in one object")])
         seen.add(key)
 
 
-def answer_json(incoming: list[Incoming], results: list[Result]) -> bytes:
+def answer_json(incoming: list[Incoming], results: list[Result],
+                ignored: tuple[IgnoredLine, ...] = ()) -> bytes:
     """The 200 answer (HookAnswer), encoded directly: in a storm this is every request's last step."""
     counts = dict.fromkeys(Outcome, 0)
     alerts = []
@@ -315,7 +359,10 @@ def answer_json(incoming: list[Incoming], results: list[Result]) -> bytes:
         if r.reason:
             alert["reason"] = r.reason
         alerts.append(alert)
-    return _JSON.encode({o.value: n for o, n in counts.items()} | {"alerts": alerts}).encode()
+    answer = {o.value: n for o, n in counts.items()} | {"alerts": alerts}
+    if ignored:
+        answer["ignored"] = [{"index": line.index, "reason": line.reason} for line in ignored]
+    return _JSON.encode(answer).encode()
 
 
 def openapi_document(settings: HookSettings) -> dict:
@@ -352,10 +399,10 @@ def openapi_document(settings: HookSettings) -> dict:
                 "403": problems("an alert names a node the credential may not report on"),
                 "413": problems(f"the body is larger than {settings.max_body_bytes} bytes"),
                 "415": problems("the body is not application/json"),
-                "422": problems("the payload or an alert in it is invalid"),
+                "422": problems("the payload or an alert in it is invalid, or names a node the cluster does not have"),
                 "431": problems(f"the request line and headers are larger than {settings.max_header_bytes} bytes"),
-                "503": problems("Temporal could not take every alert, or the replay window holds too many "
-                                "signatures; retry the request"),
+                "503": problems("Temporal could not take every alert, the replay window holds too many "
+                                "signatures, or the cluster's nodes could not be read; retry the request"),
             },
         }}
         for e in ENDPOINTS

@@ -6,10 +6,11 @@ those would drain healthy nodes, so a *secondary* alert (docs/alert-hooks.md, "C
 the incident of a *primary* failure when its node shared a job with the failed node and it was
 observed within the window of that incident's start.
 
-Which nodes shared a job is the incident's knowledge, not the hook's (the hook never calls Slurm):
-once an incident has found its jobs, it keeps the search attribute RecoveryPeerNodes. The hook
-reads every running incident in one visibility query, at most once per refresh interval however
-many alerts wait for it (RunningIncidents); the decision itself is the pure function primary_for.
+Which nodes shared a job is the incident's knowledge, not the hook's (of Slurm the hook reads only
+the node list): once an incident has found its jobs, it keeps the search attribute
+RecoveryPeerNodes. The hook reads every running incident in one visibility query, at most once per
+refresh interval however many alerts wait for it (RunningIncidents); the decision itself is the
+pure function primary_for.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -137,6 +138,11 @@ class _Node:
     digest: _Digest | None = None  # run_id is flooded: its alerts are counted
 
     @property
+    def idle(self) -> bool:
+        """Nothing to hand over or send: forgetting this node loses only what Temporal knows too."""
+        return not (self.pending or self.draining or (self.digest is not None and self.digest.flushing))
+
+    @property
     def has_incident(self) -> bool:
         """This hook is handing alerts to the node's incident, or handed some to one not known to
         have ended."""
@@ -153,6 +159,7 @@ class IntakeLimits:
     max_batch: int = 200
     max_inflight: int = 64
     dedupe_size: int = 100_000
+    node_state_size: int = 100_000
     full_alerts_per_incident: int = 50
     digest_interval: timedelta = timedelta(seconds=1)  # the first; then twice the one before
     digest_interval_max: timedelta = timedelta(seconds=60)
@@ -171,8 +178,11 @@ class Intake:
         self._directory = directory
         self._clock = clock
         self._nodes: dict[str, _Node] = {}
+        self._idle: OrderedDict[str, None] = OrderedDict()  # nodes with nothing in flight, longest idle first
         self._seen: OrderedDict[Incoming, asyncio.Future[Result]] = OrderedDict()
-        self._own_incident_news: dict[str, asyncio.Event] = {}  # nodes whose secondary alerts are held
+        # Nodes whose secondary alerts are held, while any is: weak, so a node's entry goes with its
+        # last held alert (an NCCL timeout that is dropped after the hold never pops it).
+        self._own_incident_news: weakref.WeakValueDictionary[str, asyncio.Event] = weakref.WeakValueDictionary()
         self._slots = asyncio.Semaphore(limits.max_inflight)
         self._background: set[asyncio.Task] = set()
         self.outcomes: Counter[str] = Counter()  # alerts by outcome, for /metrics
@@ -264,7 +274,9 @@ class Intake:
         future = asyncio.get_running_loop().create_future()
         state = self._nodes.get(node)
         if state is None:
+            self._forget_idle_nodes(room_for=1)
             state = self._nodes[node] = _Node()
+        self._idle.pop(node, None)
         if state.digest is not None:
             self._count(node, state.digest, _Pending(key, alert, outcome, future, decided))
             return future
@@ -277,6 +289,22 @@ class Intake:
             state.draining = True
             self._spawn(self._drain(node, state))
         return future
+
+    def _settled(self, node: str, state: _Node) -> None:
+        """A hand-over or digest of the node has ended: if nothing else is in flight, it may be forgotten."""
+        if state.idle:
+            self._idle[node] = None
+            self._idle.move_to_end(node)
+            self._forget_idle_nodes()
+
+    def _forget_idle_nodes(self, room_for: int = 0) -> None:
+        """Keep at most node_state_size nodes (room_for fewer) by forgetting the longest idle ones; a
+        node with alerts in flight or a digest to send is kept, and forgotten once idle. What is
+        forgotten is cached, not decided: the next hand-over joins or opens the incident again and
+        Temporal says when the last one ended; a flooded incident gets its next
+        full_alerts_per_incident alerts in full again."""
+        while len(self._nodes) + room_for > self._limits.node_state_size and self._idle:
+            del self._nodes[self._idle.popitem(last=False)[0]]
 
     def _remember(self, key: Incoming, future: asyncio.Future[Result]) -> asyncio.Future[Result]:
         self._seen[key] = future
@@ -298,6 +326,7 @@ class Intake:
                         self._count(node, state.digest, p)
         finally:
             state.draining = False
+            self._settled(node, state)
 
     def _count(self, node: str, digest: _Digest, p: _Pending) -> None:
         """A flooded incident's alert: answered now, told in the next digest."""
@@ -325,6 +354,9 @@ class Intake:
                 await self._send_digest(node, digest)
         finally:
             digest.flushing = False
+            state = self._nodes.get(node)  # gone if the incident ended and the node has been idle since
+            if state is not None:
+                self._settled(node, state)
 
     async def _send_digest(self, node: str, digest: _Digest) -> None:
         sample = list(digest.latest.values())

@@ -21,11 +21,14 @@ import uvloop
 from temporalio.client import Client
 
 from activities.xid_policy import XidPolicyTable
+from backends.slurm.cli import SlurmCli
+from backends.slurm.client import SlurmClient
 from contracts.models import FaultClass
 from contracts.settings import ConfigError, Settings
 from starter.hooks.app import ASGIApp, HookApp
 from starter.hooks.correlation import RunningIncidents
 from starter.hooks.intake import Intake
+from starter.hooks.inventory import EveryNode, NodeInventory, SlurmInventory
 from starter.hooks.protocol import ConnectionLimits, guarded_protocol
 from starter.hooks.settings import HookSettings
 from starter.hooks.temporal import CLIENT_OPTIONS, TemporalIncidents
@@ -45,13 +48,30 @@ def check_secondary_xids(settings: Settings, hook: HookSettings) -> None:
                           f"in {table.path}: a node's own failure, never joined to another node's incident")
 
 
+def node_inventory(settings: Settings, hook: HookSettings) -> NodeInventory:
+    """The cluster's nodes as RECOVERY_HOOKS_INVENTORY says; unset, Slurm's when SLURM_CONF says where
+    Slurm is. Off by default otherwise: a hook on a host with no Slurm configuration would fail
+    closed and refuse every alert."""
+    if (hook.inventory or ("slurm" if settings.slurm_conf else "off")) == "off":
+        if hook.inventory is None:
+            log.warning("no SLURM_CONF and RECOVERY_HOOKS_INVENTORY unset: alerts on nodes the cluster does not "
+                        "have are not refused")
+        return EveryNode()
+    slurm = SlurmClient(SlurmCli(slurm_conf=settings.slurm_conf, bin_dir=settings.slurm_bin_dir))
+
+    async def node_names() -> list[str]:
+        return [node.name for node in await slurm.list_nodes()]
+    return SlurmInventory(node_names, hook.inventory_ttl_seconds)
+
+
 def build_app(settings: Settings, hook: HookSettings, client: Client) -> HookApp:
     """The hook on this Temporal client (its configuration checked first)."""
     check_secondary_xids(settings, hook)
     incidents = TemporalIncidents(client, settings.task_queue, settings.policy())
     calls: Counter[str] = Counter()
     directory = RunningIncidents(client, timedelta(seconds=hook.correlation_refresh_seconds), calls)
-    return HookApp(hook, Intake(incidents, hook.intake_limits(), directory=directory, temporal_calls=calls))
+    return HookApp(hook, Intake(incidents, hook.intake_limits(), directory=directory, temporal_calls=calls),
+                   node_inventory(settings, hook))
 
 
 def _config(asgi: ASGIApp, hook: HookSettings) -> uvicorn.Config:

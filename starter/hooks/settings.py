@@ -81,6 +81,19 @@ class HookSettings(BaseSettings):
         description="Alertmanager labels holding the node name, first present wins",
     )
 
+    # --- the cluster's nodes (docs/alert-hooks.md, "Unknown nodes") ---
+    inventory: Literal["slurm", "off"] | None = Field(
+        None, description="refuse alerts on nodes the cluster does not have: slurm (its node list, read through "
+        "the Slurm CLI) or off; unset: slurm when SLURM_CONF (or RECOVERY_SLURM_CONF) says where Slurm is, else off")
+    inventory_ttl_seconds: float = Field(
+        60.0, gt=0, description="the cluster's node list is read again after this long (a node added to the "
+        "cluster is refused until then)")
+
+    # --- per-node state ---
+    node_state_size: int = Field(
+        100_000, gt=0, description="nodes whose state the hook keeps (last incident, flood counts); beyond it "
+        "the longest idle node's is forgotten")
+
     # --- hand-over ---
     max_batch_alerts: int = Field(200, gt=0, description="alerts per hand-over to one incident")
     max_inflight_handovers: int = Field(64, gt=0, description="concurrent Temporal calls")
@@ -133,6 +146,7 @@ class HookSettings(BaseSettings):
             max_batch=self.max_batch_alerts,
             max_inflight=self.max_inflight_handovers,
             dedupe_size=self.dedupe_cache_size,
+            node_state_size=self.node_state_size,
         )
 
 

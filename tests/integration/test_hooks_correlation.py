@@ -17,7 +17,9 @@ import pytest
 from temporalio.client import Client
 
 from starter.drill import DrillOptions
-from starter.hooks.server import build_app, listening
+from backends.slurm.cli import SlurmCli
+from starter.hooks.inventory import SlurmInventory
+from starter.hooks.server import build_app, listening, node_inventory
 from starter.hooks.settings import HookSettings
 from starter.hooks.testing import gpu_health_event, kernel_log_post, xid_line
 from workflows.node_recovery import NodeRecoveryWorkflow, incident_workflow_id
@@ -55,7 +57,10 @@ async def test_a_job_peers_secondary_alerts_join_the_failed_nodes_incident(drill
     started_at = (await run.handle.describe()).start_time
     peer_before = await incidents_of(client, peer)  # earlier tests on this Temporal server may have had some
 
-    hook = HookSettings(token=TOKEN, port=0, correlation_window_seconds=WINDOW, correlation_hold_seconds=HOLD)
+    # The stranger is no Slurm node (a name of its own keeps its incident apart from other tests'):
+    # the cluster's inventory is off here, and tested below.
+    hook = HookSettings(token=TOKEN, port=0, correlation_window_seconds=WINDOW, correlation_hold_seconds=HOLD,
+                        inventory="off")
     app = build_app(settings.model_copy(update={"dry_run": True}), hook, client)
     async with listening(app.asgi(), hook) as url, httpx.AsyncClient(base_url=url, timeout=HOLD + 30) as http:
         # Right after the failure, before its incident has found its jobs: the peer's NVLink error
@@ -93,3 +98,22 @@ async def test_a_job_peers_secondary_alerts_join_the_failed_nodes_incident(drill
     result = await drill.finish(run, DrillOptions().timeout_seconds)
     assert result.report.outcome == "recovered", result.report.model_dump_json(indent=1)
     assert sorted((a.xid, a.observed_on or "") for a in result.report.alerts) == [(74, peer), (79, ""), (79, peer)]
+
+
+async def test_the_hook_refuses_alerts_on_nodes_slurm_does_not_have(settings, temporal_env):
+    """With the stack's SLURM_CONF the hook reads the cluster's node names through the Slurm CLI:
+    a node the cluster has is known, an alert on a name it does not have is refused (422)."""
+    hook = HookSettings(token=TOKEN, port=0)
+    inventory = node_inventory(settings, hook)
+    assert isinstance(inventory, SlurmInventory)
+    slurm = SlurmCli(slurm_conf=settings.slurm_conf, bin_dir=settings.slurm_bin_dir)
+    cluster = [n.name for n in await slurm.list_nodes()]
+    stranger = f"hk{uuid.uuid4().hex[:8]}-stranger"
+    assert await inventory.unknown([*cluster, stranger]) == [stranger]
+    app = build_app(settings, hook, temporal_env.client)
+    async with listening(app.asgi(), hook) as url, httpx.AsyncClient(base_url=url) as http:
+        response = await http.post("/v1/alerts/kernel-log", headers=AUTH,
+                                   json=kernel_log_post(stranger, [xid_line(79, when=now())]))
+    assert response.status_code == 422, response.text
+    assert response.json()["problems"] == [{"loc": "body", "msg": f"node {stranger} is not in the cluster"}]
+    assert await incidents_of(temporal_env.client, stranger) == []

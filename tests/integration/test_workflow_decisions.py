@@ -167,13 +167,14 @@ class StandIns:
 
 @asynccontextmanager
 async def incident(env, stand_ins: StandIns, xid: int, grace: float = 600.0, *, node: str = "gpu-2",
-                   gpu: str | None = None, message: str = "", **policy):
-    """A started incident on a worker of its own; yields its workflow handle."""
+                   gpu: str | None = None, message: str = "", alert: NodeFailureAlert | None = None, **policy):
+    """A started incident on a worker of its own (of alert, or one made of xid, node, gpu and
+    message); yields its workflow handle."""
     task_queue = f"decisions-{uuid.uuid4()}"
     async with Worker(env.client, task_queue=task_queue,
                       workflows=[NodeRecoveryWorkflow, ReturnToServiceWorkflow, SpareClaimWorkflow],
                       activities=stand_ins.activities()):
-        alert = NodeFailureAlert(node=node, xid=xid, gpu=gpu, message=message, source="test", actor="pytest")
+        alert = alert or NodeFailureAlert(node=node, xid=xid, gpu=gpu, message=message, source="test", actor="pytest")
         # The time-skipping test server cannot register search attributes; the fleet budget's
         # part in an incident is tested on the real stack (test_incident_safety.py).
         policy = RecoveryPolicy(degrading_grace_seconds=grace, spare_nodes=["gpu-5"],
@@ -389,6 +390,37 @@ async def test_application_xids_counted_from_earlier_incidents_on_the_real_serve
     await visible(3)
     report, calls = await one(43, gpu="0")
     assert report.outcome.startswith("escalated: 3 application XIDs on GPU 0") and calls == ["drain_node"]
+
+
+async def test_application_xids_from_alertmanager_are_counted_per_gpu_on_the_real_server(temporal_env):
+    """Alertmanager's alerts as the hook reads them (dcgm-exporter's gpu and UUID labels): a second
+    application XID on a GPU counts the first, another GPU's does not (it used to count per node)."""
+    from activities.xid_policy import ClassifyActivities, XidPolicyTable
+    from contracts.settings import DEFAULT_XID_POLICY
+    from starter.hooks.sources import alertmanager
+    from starter.hooks.testing import alertmanager_payload, dcgm_alert
+
+    real = ClassifyActivities(XidPolicyTable(DEFAULT_XID_POLICY), temporal_env.client)
+    node = f"gpu-{uuid.uuid4().hex[:8]}"
+
+    async def one(xid: int, gpu: int, earlier: int) -> str:
+        webhook = alertmanager.AlertmanagerWebhook.model_validate(
+            alertmanager_payload([dcgm_alert(node, xid, datetime.now(timezone.utc), gpu=gpu)]))
+        (incoming,), problems = alertmanager.to_incoming(webhook, ["Hostname"])
+        assert problems == []
+        stand_ins = StandIns(FaultClass.APPLICATION, classify=real.classify_fault,
+                             count_application_incidents=real.count_application_incidents)
+        report = await run_incident(temporal_env, stand_ins, xid=xid, alert=incoming.to_alert(), search_attributes=True)
+        deadline = time.monotonic() + 30
+        while (await temporal_env.client.count_workflows(f"RecoveryNode = '{node}'")).count < earlier + 1:
+            assert time.monotonic() < deadline, "the incident never became visible"
+            await asyncio.sleep(0.1)
+        return phase(report, "count_application_xids").result
+
+    gpu_3 = (await one(13, gpu=3, earlier=0)).split(" within")[0]
+    assert gpu_3.startswith("1 of 3 application XID(s) on GPU GPU-")
+    assert (await one(31, gpu=3, earlier=1)).startswith(gpu_3.replace("1 of 3", "2 of 3"))
+    assert (await one(13, gpu=4, earlier=2)).startswith("1 of 3 application XID(s) on GPU GPU-")
 
 
 async def test_xid_154_follows_the_drivers_recommended_action(time_skipping_env):

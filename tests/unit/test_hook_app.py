@@ -19,6 +19,7 @@ from starter.hooks.testing import (
     alertmanager_payload,
     dcgm_alert,
     gpu_health_event,
+    gpu_uuid,
     kernel_log_post,
     xid_line,
 )
@@ -184,7 +185,8 @@ async def test_too_many_alerts_in_one_request_are_refused():
     (b"", {}, 400, "body"),
     (json.dumps({"node": "gpu-2"}).encode(), {"content-type": "text/plain"}, 415, "headers.content-type"),
     (json.dumps({"node": "gpu-[1-2]", "lines": [xid_line(79)]}).encode(), {}, 422, "node"),
-    (json.dumps({"node": "gpu-2", "lines": [xid_line(79), "hello"]}).encode(), {}, 422, "lines[1]"),
+    (json.dumps({"node": "gpu-2", "lines": ["hello", "NVRM: GPU Board Serial Number: 1"]}).encode(), {}, 422,
+     "lines[1]"),
 ])
 async def test_bad_input_is_a_4xx_naming_the_problem_and_nothing_is_handed_over(body, headers, status, loc):
     app, incidents = hook_app()
@@ -211,6 +213,27 @@ async def test_when_temporal_is_unavailable_503_and_the_retry_is_accepted():
     assert HookAnswer.model_validate(response.json()).accepted == 1
 
 
+async def test_a_kernel_log_batch_with_other_lines_hands_over_its_xid_and_names_the_rest():
+    app, incidents = hook_app()
+    lines = [f"{RECENT.isoformat()} gpu-2 kernel: NVRM: Xid (PCI:0000:01:00): 79, pid=1234, name=python, "
+             "GPU has fallen off the bus.",
+             f"{RECENT.isoformat()} gpu-2 kernel: NVRM: GPU 0000:01:00.0: GPU has fallen off the bus.",
+             f"{RECENT.isoformat()} gpu-2 kernel: NVRM: Xid (PCI:0000:01:00): 154 ("]
+    for _ in range(2):  # the second time from the parsed-bodies cache: the same answer
+        response = await post(app, "/v1/alerts/kernel-log", kernel_log_post("gpu-2", lines))
+        assert response.status_code == 200, response.text
+        answer = HookAnswer.model_validate(response.json())
+        assert [a.xid for a in answer.alerts] == [79, 154]
+        assert [(i.index, "not an NVRM Xid line" in i.reason) for i in answer.ignored] == [(1, True)]
+    assert [a.xid for a in incidents.handed_over] == [79, 154]
+
+
+async def test_an_answer_with_nothing_ignored_has_no_ignored_field():
+    app, _ = hook_app()
+    response = await post(app, "/v1/alerts/kernel-log", kernel_log_post("gpu-2", [xid_line(79)], RECENT))
+    assert "ignored" not in response.json()
+
+
 # --- documents -----------------------------------------------------------------------------------
 
 
@@ -230,6 +253,8 @@ async def test_openapi_document_describes_every_endpoint_and_answer():
         assert {"200", "400", "401", "413", "415", "422", "503"} <= set(op["responses"])
     assert set(schemas["AlertmanagerWebhook"]["required"]) >= {"version", "alerts", "status"}
     assert schemas["GpuHealthEvent"]["additionalProperties"] is False
+    assert schemas["HookAnswer"]["properties"]["ignored"]["items"]["$ref"].endswith("/IgnoredAnswer")
+    assert set(schemas["IgnoredAnswer"]["properties"]) == {"index", "reason"}
     assert set(doc["components"]["securitySchemes"]) == {"bearer", "hmac"}
 
 
@@ -244,3 +269,33 @@ async def test_metrics_count_requests_and_outcomes():
     assert 'recovery_hook_requests_total{endpoint="gpu-health",status="422"} 1' in text
     assert 'recovery_hook_alerts_total{outcome="duplicate"} 1' in text
     assert 'recovery_hook_temporal_calls_total{call="join_or_open"} 1' in text
+
+
+# --- the alert's GPU -----------------------------------------------------------------------------
+
+
+async def test_the_gpu_each_source_names_reaches_the_incident():
+    app, incidents = hook_app()
+    alert = dcgm_alert("gpu-2", 13, RECENT, gpu=3)
+    alert["labels"]["pci_bus_id"] = "00000000:3B:00.0"
+    line = f"{RECENT.isoformat()} gpu-7 kernel: NVRM: Xid (PCI:0000:01:00): 79, pid=1, name=python, GPU fault"
+    for path, payload in [("/v1/alerts/alertmanager", alertmanager_payload([alert])),
+                          ("/v1/alerts/kernel-log", kernel_log_post("gpu-7", [line])),
+                          ("/v1/alerts/gpu-health", gpu_health_event("gpu-9", 79, RECENT, gpu=5))]:
+        assert (await post(app, path, payload)).status_code == 200
+    by_node = {a.node: a for a in incidents.handed_over}
+    assert (by_node["gpu-2"].gpu_index, by_node["gpu-2"].gpu_uuid, by_node["gpu-2"].pci_address) == (
+        3, gpu_uuid("gpu-2", 3), "0000:3b:00.0")
+    assert by_node["gpu-2"].gpu == gpu_uuid("gpu-2", 3)
+    assert (by_node["gpu-7"].gpu, by_node["gpu-7"].pci_address, by_node["gpu-7"].gpu_index) == (
+        "0000:01:00.0", "0000:01:00.0", None)
+    assert (by_node["gpu-9"].gpu, by_node["gpu-9"].gpu_index) == (gpu_uuid("gpu-9", 5), 5)
+
+
+async def test_gpu_labels_of_another_shape_name_no_gpu_and_keep_the_alert():
+    app, incidents = hook_app()
+    alert = dcgm_alert("gpu-2", 13, RECENT)
+    alert["labels"] |= {"gpu": "nvidia0", "UUID": "not-a-uuid", "pci_bus_id": "slot 3"}
+    assert (await post(app, "/v1/alerts/alertmanager", alertmanager_payload([alert]))).status_code == 200
+    handed = incidents.handed_over[0]
+    assert (handed.gpu, handed.gpu_index, handed.gpu_uuid, handed.pci_address) == (None, None, None, None)

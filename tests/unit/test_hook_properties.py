@@ -187,10 +187,12 @@ def broken_payloads(draw) -> tuple[str, dict, str]:
             payload["node"] = draw(bad_node_names)
         elif what == "line":
             i = draw(st.integers(0, len(payload["lines"]) - 1))
-            payload["lines"][i] = draw(st.one_of(
-                st.text(max_size=120).filter(lambda line: parse_line(line) is None),
-                st.builds(lambda x: f"NVRM: Xid (PCI:0000:3b:00): {x}, pid=1, bad", st.integers(1000, 10**6)),
-            ))
+            out_of_range = st.builds(lambda x: f"NVRM: Xid (PCI:0000:3b:00): {x}, pid=1, bad", st.integers(1000, 10**6))
+            not_xid = st.text(max_size=120).filter(lambda line: parse_line(line) is None)
+            if draw(st.booleans()):
+                payload["lines"][i] = draw(out_of_range)
+            else:  # other lines are ignored beside an Xid line: refused only when no line is one
+                payload["lines"] = [draw(not_xid) for _ in payload["lines"]]
             return source, payload, f"lines[{i}]"
         elif what == "lines":
             payload["lines"] = draw(st.sampled_from([[], None, "NVRM: Xid (PCI:0000:3b:00): 79", [79]]))

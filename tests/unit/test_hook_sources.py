@@ -117,6 +117,8 @@ def test_long_free_text_is_clipped_to_the_alert_contract():
     ("Nov 30 00:17:36 gpu-2 kernel: NVRM: Xid (PCI:0000:3b:00): 31, pid=9, name=a.out, Ch 00000010, MMU Fault",
      31, "PCI:0000:3b:00", "Ch 00000010, MMU Fault", None),
     ("NVRM: Xid (PCI:0000:3b:00): 79", 79, "PCI:0000:3b:00", "", None),
+    # cut short by the shipper's line limit after the XID: still an Xid line
+    ("NVRM: Xid (PCI:0000:01:00): 154 (", 154, "PCI:0000:01:00", "(", None),
 ])
 def test_xid_lines_as_the_driver_writes_them(line, xid, pci, description, when):
     assert kernel_log.parse_line(line) == (xid, pci, description, when)
@@ -126,6 +128,8 @@ def test_xid_lines_as_the_driver_writes_them(line, xid, pci, description, when):
     "NVRM: GPU at PCI:0000:3b:00: GPU-2ad0b6c5-8f5c-1d1a-8e4e-3c3f8f0c2f4b",
     "NVRM: Xid (0000:3b:00): 79, pid=1",  # no PCI: prefix
     "NVRM: Xid (PCI:0000:3b:00): seventy-nine",
+    "NVRM: Xid (PCI:0000:3b:00): 79x",
+    "NVRM: GPU 0000:01:00.0: GPU has fallen off the bus.",
     "",
 ])
 def test_other_lines_are_not_xid_lines(line):
@@ -137,8 +141,8 @@ def test_kernel_log_post_gives_one_alert_per_line_with_its_time():
     post = wire(kernel_log.KernelLogPost, kernel_log_post("gpu-2", [
         xid_line(79), xid_line(79, when=T0 - timedelta(seconds=5)), xid_line(74, pci="0000:3c:00"),
     ]))
-    alerts, problems = kernel_log.to_incoming(post, received)
-    assert problems == []
+    alerts, problems, ignored = kernel_log.to_incoming(post, received)
+    assert problems == [] and ignored == ()
     assert [(a.node, a.xid, a.observed_at) for a in alerts] == [
         ("gpu-2", 79, received), ("gpu-2", 79, T0 - timedelta(seconds=5)), ("gpu-2", 74, received)]
     assert alerts[2].reason == "XID 74 on PCI:0000:3c:00: GPU fault 74"
@@ -147,16 +151,33 @@ def test_kernel_log_post_gives_one_alert_per_line_with_its_time():
 
 def test_kernel_log_post_time_is_used_for_lines_without_one():
     post = wire(kernel_log.KernelLogPost, kernel_log_post("gpu-2", [xid_line(79)], observed_at=T0))
-    alerts, _ = kernel_log.to_incoming(post, T0 + timedelta(hours=1))
+    alerts = kernel_log.to_incoming(post, T0 + timedelta(hours=1)).alerts
     assert alerts[0].observed_at == T0
+
+
+def test_kernel_log_other_lines_are_ignored_and_named_when_the_post_has_an_xid_line():
+    post = wire(kernel_log.KernelLogPost, kernel_log_post("gpu-2", [
+        "NVRM: GPU Board Serial Number: 1234", xid_line(79), "NVRM: GPU 0000:01:00.0: GPU has fallen off the bus."]))
+    alerts, problems, ignored = kernel_log.to_incoming(post, T0)
+    assert [a.xid for a in alerts] == [79] and problems == []
+    assert [line.index for line in ignored] == [0, 2]
+    assert all("not an NVRM Xid line" in line.reason for line in ignored)
 
 
 def test_kernel_log_problems_name_each_line():
     post = wire(kernel_log.KernelLogPost, kernel_log_post("gpu-2", [
         xid_line(79), "NVRM: GPU Board Serial Number: 1234", xid_line(1000)]))
-    _, problems = kernel_log.to_incoming(post, T0)
-    assert [p["loc"] for p in problems] == ["lines[1]", "lines[2]"]
-    assert "not an NVRM Xid line" in problems[0]["msg"] and "out of range" in problems[1]["msg"]
+    _, problems, ignored = kernel_log.to_incoming(post, T0)
+    assert [p["loc"] for p in problems] == ["lines[2]"] and [line.index for line in ignored] == [1]
+    assert "out of range" in problems[0]["msg"]
+
+
+def test_kernel_log_post_without_any_xid_line_names_each_line_as_a_problem():
+    post = wire(kernel_log.KernelLogPost, kernel_log_post("gpu-2", ["hello", "NVRM: GPU Board Serial Number: 1"]))
+    alerts, problems, ignored = kernel_log.to_incoming(post, T0)
+    assert alerts == [] and ignored == ()
+    assert [p["loc"] for p in problems] == ["lines[0]", "lines[1]"]
+    assert all("not an NVRM Xid line" in p["msg"] for p in problems)
 
 
 @pytest.mark.parametrize("post", [

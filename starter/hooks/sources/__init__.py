@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
@@ -60,18 +60,41 @@ class Incoming:
     observed_at: datetime
     message: str = ""
     resolved: bool = False
+    # The GPU, validated by the source (the contract's shapes), as far as the source names it.
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
+    pci_address: str | None = None
 
     def to_alert(self) -> NodeFailureAlert:
         assert self.xid is not None, "an event without an XID only joins another node's incident"
         return NodeFailureAlert(node=self.node, xid=self.xid, source=self.source, actor=self.actor,
-                                reason=self.reason, observed_at=self.observed_at, message=self.message)
+                                reason=self.reason, observed_at=self.observed_at, message=self.message,
+                                gpu_index=self.gpu_index, gpu_uuid=self.gpu_uuid, pci_address=self.pci_address)
 
     def joining(self, primary_node: str, primary_xid: int, why: str) -> NodeFailureAlert:
         """This alert as it joins the incident of the node whose failure it follows from: that
-        node's, observed on this one; an NCCL timeout, which has no XID, carries the primary's."""
+        node's, observed on this one; an NCCL timeout, which has no XID, carries the primary's. It
+        names no GPU: its GPU is one of this node's, and the incident's GPU is the failed node's."""
         return NodeFailureAlert(node=primary_node, observed_on=self.node, xid=self.xid or primary_xid,
                                 source=self.source, actor=self.actor, reason=clip(f"{why}: {self.reason}", REASON_MAX),
                                 observed_at=self.observed_at, message=self.message)
+
+
+@dataclass(frozen=True, slots=True)
+class IgnoredLine:
+    """A part of a request that is no alert and was left out, not refused (a kernel log's non-Xid line)."""
+
+    index: int
+    reason: str
+
+
+class Parsed(NamedTuple):
+    """A validated request, as a source reads it: its alerts, its problems (any refuses it whole)
+    and what it ignored."""
+
+    alerts: list[Incoming]
+    problems: list[dict[str, str]]
+    ignored: tuple[IgnoredLine, ...] = ()
 
 
 def clip(text: str, limit: int) -> str:

@@ -4,7 +4,8 @@ The shipped rule (deploy/monitoring/prometheus/gpu-xid.rules.yml) fires on
 DCGM_FI_DEV_XID_ERRORS > 0 and puts the metric's value, the XID, in the ``xid`` label (a new XID
 on a GPU is a new fault, so it is a new alert, with its own startsAt). The node comes from the
 first present label of a configurable list (default: node, Hostname, instance; an ``instance``
-of host:port gives host).
+of host:port gives host). The GPU comes from dcgm-exporter's labels: ``gpu`` (its index), ``UUID``
+and ``pci_bus_id``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from contracts.models import _check_node_name
+from contracts.models import GPU_UUID, MAX_GPU_INDEX, _check_node_name, canonical_pci_address
 from starter.hooks.problems import problem
 from starter.hooks.sources import (
     ACTOR_MAX,
@@ -30,6 +31,7 @@ LabelSet = Annotated[dict[str, Annotated[str, Field(max_length=4096)]], Field(ma
 Text = Annotated[str, Field(max_length=4096)]
 SOURCE = "alertmanager"
 XID_LABEL = "xid"
+GPU_INDEX_LABEL, GPU_UUID_LABEL, PCI_ADDRESS_LABEL = "gpu", "UUID", "pci_bus_id"
 
 
 class AlertmanagerAlert(WireModel):
@@ -67,6 +69,16 @@ def node_from_labels(labels: dict[str, str], node_labels: list[str]) -> tuple[st
     return None
 
 
+def gpu_from_labels(labels: dict[str, str]) -> tuple[int | None, str | None, str | None]:
+    """(index, UUID, PCI address) of the alert's GPU, each None unless its label has the contract's
+    shape: another exporter's label of the same name is no reason to refuse the alert's XID."""
+    index = labels.get(GPU_INDEX_LABEL, "")
+    uuid = labels.get(GPU_UUID_LABEL, "")
+    return (int(index) if index.isascii() and index.isdigit() and int(index) <= MAX_GPU_INDEX else None,
+            uuid if GPU_UUID.match(uuid) else None,
+            canonical_pci_address(labels.get(PCI_ADDRESS_LABEL, "")))
+
+
 def to_incoming(hook: AlertmanagerWebhook, node_labels: list[str]) -> tuple[list[Incoming], list[dict[str, str]]]:
     alerts, problems = [], []
     actor = one_line(f"alertmanager receiver {hook.receiver or '?'}", ACTOR_MAX)
@@ -90,12 +102,13 @@ def to_incoming(hook: AlertmanagerWebhook, node_labels: list[str]) -> tuple[list
         if problems:
             continue  # keep collecting every alert's problems; build nothing once one is bad
         alertname = a.labels.get("alertname", "alert")
-        gpu = a.labels.get("gpu") or a.labels.get("UUID") or "?"
+        gpu = a.labels.get(GPU_INDEX_LABEL) or a.labels.get(GPU_UUID_LABEL) or "?"
+        gpu_index, gpu_uuid, pci_address = gpu_from_labels(a.labels)
         alerts.append(Incoming(
             node=found[1], xid=xid, source=SOURCE, actor=actor,
             reason=one_line(a.annotations.get("summary", ""), REASON_MAX) or f"{alertname}: XID {xid} on GPU {gpu}",
             observed_at=a.startsAt,
             message=clip(a.annotations.get("description", ""), MESSAGE_MAX),
-            resolved=a.status == "resolved",
+            resolved=a.status == "resolved", gpu_index=gpu_index, gpu_uuid=gpu_uuid, pci_address=pci_address,
         ))
     return alerts, problems

@@ -11,16 +11,13 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from contracts.models import Xid
+from contracts.models import GpuIndex, GpuUuid, Xid
 from starter.hooks.sources import MESSAGE_MAX, Incoming, Timestamp, WireModel, WireNodeName, one_line
 from starter.hooks.sources.kernel_log import SourceName
 
-GpuUuid = Annotated[str, Field(pattern=r"^(GPU|MIG)-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")]
-
-
 class GpuHealthEvent(WireModel):
     node: WireNodeName
-    gpu_index: Annotated[int, Field(ge=0, le=63)] | None = None
+    gpu_index: GpuIndex | None = None
     gpu_uuid: GpuUuid | None = None
     kind: Literal["xid", "nccl_timeout"] = "xid"
     xid: Xid | None = None
@@ -51,5 +48,5 @@ def to_incoming(event: GpuHealthEvent) -> Incoming:
     return Incoming(
         node=event.node, xid=event.xid, source=event.source, actor=f"GPU health of {event.node}",
         reason=f"{what}{on}" + (f": {detail}" if detail else ""),
-        observed_at=event.observed_at, message=event.message,
+        observed_at=event.observed_at, message=event.message, gpu_index=event.gpu_index, gpu_uuid=event.gpu_uuid,
     )

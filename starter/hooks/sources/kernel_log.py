@@ -5,8 +5,10 @@
 A line may carry a prefix: dmesg's seconds since boot ("[ 1234.5678] ", no wall clock, ignored) or
 a syslog/journal prefix; when the line starts with an RFC 3339 time with a zone (journalctl -o
 short-iso, rsyslog), that is when the alert was observed. Otherwise the post's ``observed_at`` is,
-or failing that the time the hook received it. Every line must be an Xid line: filter the driver's
-other NVRM lines out before posting (fluent-bit's grep filter, ``grep 'NVRM: Xid'``).
+or failing that the time the hook received it. Other lines (the driver's follow-up "NVRM: GPU ...
+has fallen off the bus.", anything a shipper batched with them) are ignored and named in the answer,
+as long as the post has an Xid line: a post with none is refused (422), since it can only be a
+misconfigured shipper.
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ from typing import Annotated
 
 from pydantic import Field
 
+from contracts.models import canonical_pci_address
 from starter.hooks.problems import problem
 from starter.hooks.sources import (
     MESSAGE_MAX,
     REASON_MAX,
+    IgnoredLine,
     Incoming,
+    Parsed,
     Timestamp,
     WireModel,
     WireNodeName,
@@ -33,7 +38,8 @@ SourceName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-
 
 _XID_LINE = re.compile(
     r"NVRM: Xid \((?P<pci>PCI:[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\): "
-    r"(?P<xid>\d+)(?:, *(?P<rest>.*))?$"
+    # A line cut short after its XID ("...): 154 (") is still one: the XID is what matters.
+    r"(?P<xid>\d+)(?:[,\s](?P<rest>.*))?$"
 )
 _LEADING_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d))\s")
 # "pid=1234, name=python, " (or pid='<unknown>') before the driver's description of the fault.
@@ -64,8 +70,12 @@ def parse_line(line: str) -> tuple[int, str, str, datetime | None] | None:
     return int(match.group("xid")), match.group("pci"), _PROCESS.sub("", rest) or rest, when
 
 
-def to_incoming(post: KernelLogPost, received_at: datetime) -> tuple[list[Incoming], list[dict[str, str]]]:
-    alerts, problems = [], []
+NOT_AN_XID_LINE = "not an NVRM Xid line ('NVRM: Xid (PCI:…): <xid>, …')"
+
+
+def to_incoming(post: KernelLogPost, received_at: datetime) -> Parsed:
+    """One alert per Xid line; the other lines ignored, or, when no line is an Xid line, each a problem."""
+    alerts, problems, ignored = [], [], []
     for i, line in enumerate(post.lines):
         try:
             parsed = parse_line(line)
@@ -73,7 +83,7 @@ def to_incoming(post: KernelLogPost, received_at: datetime) -> tuple[list[Incomi
             problems.append(problem(f"lines[{i}]", str(e)))
             continue
         if parsed is None:
-            problems.append(problem(f"lines[{i}]", "not an NVRM Xid line ('NVRM: Xid (PCI:…): <xid>, …')"))
+            ignored.append(IgnoredLine(index=i, reason=NOT_AN_XID_LINE))
             continue
         xid, pci, description, when = parsed
         if not 1 <= xid <= 999:
@@ -83,6 +93,9 @@ def to_incoming(post: KernelLogPost, received_at: datetime) -> tuple[list[Incomi
             node=post.node, xid=xid, source=post.source, actor=f"kernel log of {post.node}",
             reason=one_line(f"XID {xid} on {pci}: {description}", REASON_MAX),
             observed_at=when or post.observed_at or received_at,
-            message=clip(line.strip(), MESSAGE_MAX),
+            message=clip(line.strip(), MESSAGE_MAX), pci_address=canonical_pci_address(pci),
         ))
-    return alerts, problems
+    if not alerts and not problems:
+        problems = [problem(f"lines[{line.index}]", line.reason) for line in ignored]
+        ignored = []
+    return Parsed(alerts, problems, tuple(ignored))
