@@ -438,10 +438,13 @@ cmd_start() {
   local node
   for node in $(node_names); do start_node "$node"; done
   wait_until "nodes to register (see $BASE/log/node-*.out and slurmd-*.log)" 150 nodes_registered
+  local shown
   for node in $(spare_names); do
     # A hot spare waits out of service until an incident brings it in; one an incident has claimed
     # (its comment names the incident) is in service for good: a restart must not undo a recovery.
-    slurm scontrol show node -o "$node" 2>/dev/null | grep -q 'Comment=(null)' || continue
+    # scontrol leaves out a comment that is not set (22.05 and 24.11 here; "Comment=(null)" elsewhere).
+    shown=$(slurm scontrol show node -o "$node" 2>/dev/null) || true
+    [[ $shown == *" Comment="* && $shown != *" Comment=(null)"* ]] && continue
     slurm scontrol update NodeName="$node" State=DRAIN Reason="$SPARE_REASON" 2>/dev/null || true
   done
   local api
