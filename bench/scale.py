@@ -251,11 +251,13 @@ def scale_worker(nodes: int, latency: dict[str, float], address: str, call_log: 
     """The worker process on the harness; stopped (SIGTERM, then SIGKILL) on exit."""
     argv = [sys.executable, "-m", "bench.scale_worker", "--nodes", str(nodes), "--latency", json.dumps(latency),
             "--restart-delay", str(RESTART_DELAY_SECONDS), "--call-log", str(call_log), "--ready", str(ready)]
-    # The fleet budget runs (its cost is part of each incident) with room for every node at once.
+    # The fleet budget and its fence circuit breaker run (their cost is part of each incident) with
+    # room for every node at once.
     env = {**os.environ, "TEMPORAL_ADDRESS": address, "RECOVERY_TASK_QUEUE": TASK_QUEUE,
            "RECOVERY_HEALTH_CHECK": "", "RECOVERY_LOG_LEVEL": "WARNING", "PYTHONPATH": str(REPO),
            "RECOVERY_BUDGET_MAX_NODES": str(nodes), "RECOVERY_BUDGET_PARTITION_FRACTION": "1",
-           "RECOVERY_BUDGET_MAX_DISRUPTED_JOBS": str(nodes)}
+           "RECOVERY_BUDGET_MAX_DISRUPTED_JOBS": str(nodes), "RECOVERY_BREAKER_MAX_FENCES": str(nodes),
+           "RECOVERY_BREAKER_FLEET_FRACTION": "1", "RECOVERY_BREAKER_PARTITION_FRACTION": "1"}
     with process(argv, env, log, cwd=REPO) as proc:
         yield proc
 
