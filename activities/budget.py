@@ -187,32 +187,31 @@ async def give_budget_priority(client: Client, workflow_id: str) -> None:
 async def release_quarantine(client: Client, node: str, actor: str, reason: str,
                              workflow_id: str = FLEET_BUDGET_WORKFLOW_ID) -> QuarantineStatus:
     """An operator returns a lemon to automatic handling. ValueError when it is not quarantined."""
-    release = QuarantineRelease(node=node, actor=actor, reason=reason)
-    handle = client.get_workflow_handle_for(FleetBudgetWorkflow.run, workflow_id)
-    try:
-        return await handle.execute_update(FleetBudgetWorkflow.release_quarantine, release)
-    except WorkflowUpdateFailedError as err:
-        refusal = err.cause  # the budget's validator: the node is not quarantined
-        raise ValueError(refusal.message if isinstance(refusal, FailureError) else str(err)) from err
-    except RPCError as err:
-        if err.status != RPCStatusCode.NOT_FOUND:
-            raise
-        raise ValueError(f"node {node} is not quarantined (no fleet budget is running)") from err
+    return await _operator_update(client, workflow_id, FleetBudgetWorkflow.release_quarantine,
+                                  QuarantineRelease(node=node, actor=actor, reason=reason),
+                                  f"node {node} is not quarantined (no fleet budget is running)")
 
 
 async def reset_breaker(client: Client, actor: str, reason: str,
                         workflow_id: str = FLEET_BUDGET_WORKFLOW_ID) -> BudgetStatus:
     """An operator resets the tripped fence circuit breaker. ValueError when it is not tripped."""
+    return await _operator_update(client, workflow_id, FleetBudgetWorkflow.reset_breaker,
+                                  BreakerReset(actor=actor, reason=reason),
+                                  "the fence circuit breaker is not tripped (no fleet budget is running)")
+
+
+async def _operator_update(client: Client, workflow_id: str, update, arg, when_no_budget: str):
+    """An operator's update of the budget; its validator's refusal, or no budget running, as ValueError."""
     handle = client.get_workflow_handle_for(FleetBudgetWorkflow.run, workflow_id)
     try:
-        return await handle.execute_update(FleetBudgetWorkflow.reset_breaker, BreakerReset(actor=actor, reason=reason))
+        return await handle.execute_update(update, arg)
     except WorkflowUpdateFailedError as err:
-        refusal = err.cause  # the budget's validator: the breaker is not tripped
+        refusal = err.cause  # the budget's validator said no
         raise ValueError(refusal.message if isinstance(refusal, FailureError) else str(err)) from err
     except RPCError as err:
         if err.status != RPCStatusCode.NOT_FOUND:
             raise
-        raise ValueError("the fence circuit breaker is not tripped (no fleet budget is running)") from err
+        raise ValueError(when_no_budget) from err
 
 
 async def fleet_budget_status(client: Client, workflow_id: str = FLEET_BUDGET_WORKFLOW_ID) -> BudgetStatus:

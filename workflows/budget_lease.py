@@ -102,11 +102,7 @@ class BudgetLease:
 
     async def approve_fence(self, decision: OperatorDecision) -> LeaseState:
         """An operator approved fencing past the tripped breaker: permitted at once, as theirs."""
-        assert self._request is not None, "ask_to_fence() first"
-        self._request = self._request.model_copy(update={"approval": decision})
-        await self._ask_until(lambda: not self.fence_held, ANSWER_WITHIN)
-        assert self.state is not None
-        return self.state
+        return await self._ask_approved(decision, lambda: not self.fence_held)
 
     async def request(self, incident_id: str, node: str, partitions: list[PartitionShare],
                       running_jobs: int, in_task: bool = False) -> LeaseState:
@@ -130,11 +126,7 @@ class BudgetLease:
 
     async def approve_over_budget(self, decision: OperatorDecision) -> LeaseState:
         """An operator approved going over budget: the lease is granted at once, as theirs."""
-        assert self._request is not None, "request() first"
-        self._request = self._request.model_copy(update={"approval": decision})
-        await self._ask_until(lambda: not self.waiting, ANSWER_WITHIN)
-        assert self.state is not None
-        return self.state
+        return await self._ask_approved(decision, lambda: not self.waiting)
 
     async def release(self, reason: str) -> None:
         """Return the lease, or withdraw the waiting request; idempotent."""
@@ -154,6 +146,14 @@ class BudgetLease:
             workflow.logger.warning("lease of %s not returned: %s", state.incident_id, err)
         self.state = state.model_copy(update={"status": LeaseStatus.RELEASED, "reason": release.reason,
                                               "ended_at": workflow.now()})
+
+    async def _ask_approved(self, decision: OperatorDecision, done: Callable[[], bool]) -> LeaseState:
+        """The request asked again with the operator's approval, until the budget has acted on it."""
+        assert self._request is not None, "ask first"
+        self._request = self._request.model_copy(update={"approval": decision})
+        await self._ask_until(done, ANSWER_WITHIN)
+        assert self.state is not None
+        return self.state
 
     async def _ask_until(self, done: Callable[[], bool], every: timedelta, ask_first: bool = True,
                          until: datetime | None = None) -> None:

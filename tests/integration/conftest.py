@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from contextlib import AsyncExitStack
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, contextmanager
 
 import pytest_asyncio
 
@@ -30,6 +31,21 @@ def stack_settings(local_stack, cluster: dict[str, str], task_queue: str, **over
         spare_wait_seconds=60,
         **overrides,
     )
+
+
+@contextmanager
+def cluster_of_its_own(local_stack, name: str, nodes: int, port_offset: int) -> Iterator[tuple]:
+    """A cluster with `nodes` compute nodes and no spare, beside the session's (`port_offset` above
+    its ports). It starts from a clean state: slurmctld restores saved node states, so the drains of
+    an earlier run would otherwise greet this one as "drained by someone else"."""
+    stack = dataclasses.replace(local_stack, state_dir=local_stack.state_dir / name, slurm_nodes=nodes,
+                                slurm_spares=0, slurm_port_base=local_stack.slurm_port_base + port_offset)
+    stack.stop_slurm()
+    cluster = stack.start_slurm(clean=True)
+    try:
+        yield stack, cluster
+    finally:
+        stack.stop_slurm()
 
 
 @pytest_asyncio.fixture

@@ -7,7 +7,6 @@ incidents (NodeRecoveryWorkflow with the worker's own activities), real Slurm, r
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import uuid
 from contextlib import AsyncExitStack
 
@@ -17,7 +16,7 @@ from contracts.budget import TimelineKind
 from contracts.settings import Settings
 from contracts.models import NodeFailureAlert
 from starter.alerts import raise_alert
-from tests.integration.conftest import stack_settings
+from tests.integration.conftest import cluster_of_its_own, stack_settings
 from tests.integration.test_fleet_budget import concurrent_holders
 from worker import activities_for, build_slurm, build_worker
 from workflows.fleet_budget import FleetBudgetWorkflow, fleet_budget_workflow_id
@@ -32,15 +31,9 @@ STORM_PORT_OFFSET = 400
 
 @pytest.fixture(scope="module")
 def storm_cluster(local_stack):
-    """A cluster of its own with 100 compute nodes and no spare, for this module only. It starts
-    from a clean state: slurmctld restores saved node states, so the drains of an earlier run
-    would otherwise greet this one as "drained by someone else"."""
-    stack = dataclasses.replace(local_stack, state_dir=local_stack.state_dir / "storm", slurm_nodes=NODES,
-                                slurm_spares=0, slurm_port_base=local_stack.slurm_port_base + STORM_PORT_OFFSET)
-    stack.stop_slurm()
-    cluster = stack.start_slurm(clean=True)
-    yield stack, cluster
-    stack.stop_slurm()
+    """A cluster of its own with 100 compute nodes and no spare, for this module only."""
+    with cluster_of_its_own(local_stack, "storm", NODES, STORM_PORT_OFFSET) as stack_and_cluster:
+        yield stack_and_cluster
 
 
 NODES_LIST = [f"gpu-{i}" for i in range(1, NODES + 1)]

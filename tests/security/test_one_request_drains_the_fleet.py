@@ -13,7 +13,6 @@ over HTTP, the CLI as a separate process.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from starter.hooks.server import build_app, listening
 from starter.hooks.settings import HookSettings
 from starter.hooks.testing import alertmanager_payload, dcgm_alert
 from starter.localstack import wait_async
-from tests.integration.conftest import stack_settings
+from tests.integration.conftest import cluster_of_its_own, stack_settings
 from tests.integration.test_fleet_budget import webhook_server
 from worker import activities_for, build_slurm, serving
 from workflows.fleet_budget import FleetBudgetWorkflow, fleet_budget_workflow_id
@@ -47,12 +46,8 @@ PORT_OFFSET = 600
 
 @pytest.fixture(scope="module")
 def small_fleet(local_stack):
-    stack = dataclasses.replace(local_stack, state_dir=local_stack.state_dir / "one-request", slurm_nodes=NODES,
-                                slurm_spares=0, slurm_port_base=local_stack.slurm_port_base + PORT_OFFSET)
-    stack.stop_slurm()
-    cluster = stack.start_slurm(clean=True)
-    yield stack, cluster
-    stack.stop_slurm()
+    with cluster_of_its_own(local_stack, "one-request", NODES, PORT_OFFSET) as stack_and_cluster:
+        yield stack_and_cluster
 
 
 async def recovery(temporal_env, task_queue: str, *args: str) -> subprocess.CompletedProcess:
