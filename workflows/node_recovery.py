@@ -148,6 +148,7 @@ class NodeRecoveryWorkflow:
         self._notify_enabled = False
         self._fewer_round_trips = False
         self._fence_in_one_task = False
+        self._fence_breaker = False
         self._fence_scope: FenceScope | None = None
 
     @workflow.signal
@@ -415,9 +416,14 @@ class NodeRecoveryWorkflow:
         return report
 
     async def _handle(self, req: RecoveryRequest) -> IncidentReport:
-        # Before the incident's first command, where the two paths part.
+        # Every patch is asked here, in the first activation, before the first command. One asked
+        # after a local activity can land in the next workflow task: a query that arrives as the
+        # activity ends makes the SDK (1.35) complete the task with the activity's marker, and the
+        # workflow sees the result in the task after. On replay it sees it in the first task,
+        # before that task's patches are known, and takes the old path (a nondeterminism error).
         self._fewer_round_trips = workflow.patched(FEWER_ROUND_TRIPS)
         self._fence_in_one_task = workflow.patched(FENCE_IN_ONE_TASK)
+        self._fence_breaker = workflow.patched(FENCE_BREAKER)
         # The fence's local activities carry the incident id to Slurm before the first workflow task
         # is recorded: a worker that dies in that task leaves the next to run it again, at a later
         # now(). The run's start time is the same in every attempt; runs begun before keep now().
@@ -713,7 +719,7 @@ class NodeRecoveryWorkflow:
         self._note(f"{workflow_id} resumes {node} once repaired and healthy")
 
     async def _drain(self, req: RecoveryRequest, ctx: ActionContext) -> NodeFenceResult:
-        if req.policy.fleet_budget and not req.policy.dry_run and workflow.patched(FENCE_BREAKER):
+        if req.policy.fleet_budget and not req.policy.dry_run and self._fence_breaker:
             held = await self._step("breaker", self._pass_breaker(req.node, req.policy),
                                     index_now=not self._fence_in_one_task)
             if held is not None:

@@ -32,6 +32,7 @@ from starter.drill import Drill, DrillOptions
 from starter.localstack import REPO, wait_async
 from tests.integration.conftest import stack_settings
 from tests.integration.test_fleet_budget import local_activities
+from tests.replay.replaying import REPLAYABLE_PREFIX, assert_every_run_replays
 from worker import activities_for, build_slurm, build_worker
 from workflows.fleet_budget import FleetBudgetWorkflow, fleet_budget_workflow_id
 from workflows.node_recovery import NodeRecoveryWorkflow, incident_workflow_id
@@ -53,8 +54,11 @@ class Fleet:
 
 @asynccontextmanager
 async def fleet(temporal_env, local_stack, slurm_cluster, **overrides) -> AsyncIterator[Fleet]:
-    """A worker built from these settings on a task queue of its own, and a drill that uses it."""
-    task_queue = f"safety-{uuid.uuid4()}"
+    """A worker built from these settings on a task queue of its own, and a drill that uses it.
+    After the test, every run on that queue replays on the current code, as a worker that lost
+    its cache would replay it (the test polls the incidents' status as they start: a query then
+    once split an incident's first workflow task so that it did not replay)."""
+    task_queue = f"{REPLAYABLE_PREFIX}safety-{uuid.uuid4()}"
     settings = stack_settings(local_stack, slurm_cluster, task_queue, **overrides)
     async with AsyncExitStack() as stack:
         slurm = await build_slurm(settings, stack)
@@ -62,6 +66,7 @@ async def fleet(temporal_env, local_stack, slurm_cluster, **overrides) -> AsyncI
             drill = Drill(temporal_env.client, dataclasses.replace(local_stack, task_queue=task_queue), slurm_cluster,
                           settings.policy(), XidPolicyTable(settings.xid_policy_file), say=print)
             yield Fleet(settings, drill)
+    assert await assert_every_run_replays(temporal_env.client, task_queue) > 0
 
 
 class WebhookReceiver(ThreadingHTTPServer):

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.replay.test_replay import REPLAY_BUILD_ID
+from tests.replay.replaying import REPLAY_BUILD_ID
 
 HISTORIES = Path(__file__).parent / "histories"
 RECOVERY = str(Path(sys.executable).parent / "recovery")

@@ -11,9 +11,7 @@ where a forbidden call in workflow code (datetime.now(), random, I/O) is caught.
 
 from __future__ import annotations
 
-import importlib
 import json
-import pkgutil
 from pathlib import Path
 
 import pytest
@@ -23,28 +21,12 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
-import workflows
+from tests.replay.replaying import replayer, workflow_classes
 from tests.replay.variants import NodeRecoveryReadingTheClock, NodeRecoveryWithAnExtraStep, NodeRecoveryWithAPatchedStep
 from workflows.node_recovery import NodeRecoveryWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
-# The Replayer runs workflows on the task queue `replay-<build_id>`, and an incident names its
-# spare claims after its task queue: fixtures are recorded on `replay-fixtures` (record.py), so
-# that those ids replay as they were recorded.
-REPLAY_BUILD_ID = "fixtures"
 FIXTURES = sorted(HISTORIES.glob("*.json"))
-
-
-def workflow_classes() -> list[type]:
-    """Every @workflow.defn class of the workflows package: whatever the worker registers is
-    defined there, and a class it does not register is harmless to the Replayer."""
-    found = {}
-    for module in pkgutil.iter_modules(workflows.__path__):
-        loaded = importlib.import_module(f"workflows.{module.name}")
-        for value in vars(loaded).values():
-            if isinstance(value, type) and workflow._Definition.from_class(value) is not None:
-                found[value.__qualname__] = value
-    return list(found.values())
 
 
 def load(path: Path) -> WorkflowHistory:
@@ -82,10 +64,8 @@ def test_fixtures_cover_the_recorded_incidents():
 @pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
 async def test_recorded_history_replays_on_the_current_code(path):
     history = load(path)
-    replayer = Replayer(workflows=workflow_classes(), data_converter=pydantic_data_converter,
-                        build_id=REPLAY_BUILD_ID)
     # Raises (NondeterminismError or the workflow's own failure) when the code diverges.
-    await replayer.replay_workflow(history)
+    await replayer().replay_workflow(history)
 
 
 # --- the check can fail --------------------------------------------------------------------------
