@@ -143,6 +143,9 @@ class RecoveryPolicy(Contract):
     checkpoint_poll_seconds: float = Field(1.0, gt=0, le=60)
     spare_nodes: list[NodeName] = Field(default_factory=list)
     spare_wait_seconds: float = Field(300.0, gt=0)
+    spare_for_idle_node: bool = Field(
+        False, description="claim a hot spare also when no job was on the failed node (capacity for the queue); "
+        "off: the spares stay on standby for an incident with a job to resume at full size")
     verify_deadline_seconds: float = Field(600.0, gt=0)
     dry_run: bool = Field(False, description="observe mode: run every decision, record each action it "
                           "would take with its exact command, execute none")

@@ -100,6 +100,7 @@ class Settings(BaseSettings):
     degrading_grace_seconds: float = 120.0
     checkpoint_poll_seconds: float = 1.0
     spare_wait_seconds: float = 300.0
+    spare_for_idle_node: bool = False
     verify_deadline_seconds: float = 600.0
     search_attributes: bool = True
     # Safety (RecoveryPolicy documents each): observe mode, approval gates, application XIDs, repair.

@@ -112,6 +112,10 @@ LEMONS_FROM_LEASE = "lemons-from-lease"
 FENCE_IN_ONE_TASK = "fence-in-one-task"
 # Runs that start on this code ask the fleet budget's fence circuit breaker before the drain.
 FENCE_BREAKER = "fence-breaker"
+# Runs that start on this code keep the hot spares on standby when no job was on the failed node
+# (unless the policy's spare_for_idle_node): a spare brings a running job back at full size, and
+# one spent on capacity for the queue is not there for the next job that loses a node.
+IDLE_NODE_KEEPS_SPARE = "idle-node-keeps-spare"
 # A spare another incident is claiming is tried again after its claim ends: every so often, a few times.
 CLAIM_BUSY_WAIT = timedelta(seconds=1)
 CLAIM_BUSY_PASSES = 10
@@ -149,6 +153,7 @@ class NodeRecoveryWorkflow:
         self._fewer_round_trips = False
         self._fence_in_one_task = False
         self._fence_breaker = False
+        self._idle_node_keeps_spare = False
         self._fence_scope: FenceScope | None = None
 
     @workflow.signal
@@ -424,6 +429,7 @@ class NodeRecoveryWorkflow:
         self._fewer_round_trips = workflow.patched(FEWER_ROUND_TRIPS)
         self._fence_in_one_task = workflow.patched(FENCE_IN_ONE_TASK)
         self._fence_breaker = workflow.patched(FENCE_BREAKER)
+        self._idle_node_keeps_spare = workflow.patched(IDLE_NODE_KEEPS_SPARE)
         # The fence's local activities carry the incident id to Slurm before the first workflow task
         # is recorded: a worker that dies in that task leaves the next to run it again, at a later
         # now(). The run's start time is the same in every attempt; runs begun before keep now().
@@ -532,7 +538,11 @@ class NodeRecoveryWorkflow:
         if pod is not None:
             await self._step("evict_slurmd_pod", self._evict(pod, ctx))
 
-        if await self._approval("replacement", policy, f"bring in replacement capacity for {req.node}") == "deny":
+        if self._idle_node_keeps_spare and not jobs and pod is None and not policy.spare_for_idle_node:
+            no_replacement, spare = None, None
+            self._skip("request_replacement", f"no job was on {req.node}: the hot spares stay on standby for a "
+                       "job to resume (spare_for_idle_node is off)")
+        elif await self._approval("replacement", policy, f"bring in replacement capacity for {req.node}") == "deny":
             denied = self._decisions[-1]
             no_replacement, spare = f"denied by {denied.actor}: {denied.reason}", None
             self._skip("request_replacement", no_replacement)

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterator
-from contextlib import AsyncExitStack, contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 
 import pytest_asyncio
+from temporalio.client import WorkflowHandle
 
 from activities.xid_policy import XidPolicyTable
 from contracts.settings import Settings
 from starter.drill import Drill
-from worker import activities_for, build_slurm, serving
+from tests.replay.replaying import REPLAYABLE_PREFIX, assert_every_run_replays
+from worker import activities_for, build_slurm, build_worker, serving
+from workflows.fleet_budget import FleetBudgetWorkflow, fleet_budget_workflow_id
 
 
 def stack_settings(local_stack, cluster: dict[str, str], task_queue: str, **overrides) -> Settings:
@@ -31,6 +34,34 @@ def stack_settings(local_stack, cluster: dict[str, str], task_queue: str, **over
         spare_wait_seconds=60,
         **overrides,
     )
+
+
+@dataclasses.dataclass
+class Fleet:
+    settings: Settings
+    drill: Drill
+
+    @property
+    def budget(self) -> WorkflowHandle:
+        return self.drill.client.get_workflow_handle_for(FleetBudgetWorkflow.run,
+                                                         fleet_budget_workflow_id(self.settings.task_queue))
+
+
+@asynccontextmanager
+async def fleet(temporal_env, local_stack, slurm_cluster, **overrides) -> AsyncIterator[Fleet]:
+    """A worker built from these settings on a task queue of its own, and a drill that uses it.
+    After the test, every run on that queue replays on the current code, as a worker that lost
+    its cache would replay it (the test polls the incidents' status as they start: a query then
+    once split an incident's first workflow task so that it did not replay)."""
+    task_queue = f"{REPLAYABLE_PREFIX}safety-{uuid.uuid4()}"
+    settings = stack_settings(local_stack, slurm_cluster, task_queue, **overrides)
+    async with AsyncExitStack() as stack:
+        slurm = await build_slurm(settings, stack)
+        async with build_worker(temporal_env.client, task_queue, activities_for(settings, slurm, temporal_env.client)):
+            drill = Drill(temporal_env.client, dataclasses.replace(local_stack, task_queue=task_queue), slurm_cluster,
+                          settings.policy(), XidPolicyTable(settings.xid_policy_file), say=print)
+            yield Fleet(settings, drill)
+    assert await assert_every_run_replays(temporal_env.client, task_queue) > 0
 
 
 @contextmanager

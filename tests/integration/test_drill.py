@@ -179,5 +179,5 @@ async def test_dry_run_describes_every_action_and_changes_nothing(drill, recover
     if NODE_UPDATE_PATH[local_stack.slurm_generation] == "cli":
         assert drain.startswith(f"scontrol update NodeName={r.node} State=DRAIN 'Reason=recovery: XID 79")
     else:
-        assert drain.startswith(f"POST /slurm/v0.0.4") and f"/node/{r.node} " in drain and '"DRAIN"' in drain
+        assert drain.startswith("POST /slurm/v0.0.4") and f"/node/{r.node} " in drain and '"DRAIN"' in drain
     assert [p.result.split(":")[0] for p in r.phases if p.name in ("grace", "wait_for_spare", "verify")] == ["skipped"] * 3

@@ -5,14 +5,10 @@ Real Slurm, real dev server, the worker as the project builds it (worker.activit
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import sys
 import threading
-import uuid
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -21,52 +17,20 @@ import pytest
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowHandle
 
-from activities.xid_policy import XidPolicyTable
 from contracts.audit import configure_sink, remove_sink
 from backends.replacement import SPARE_STANDBY_REASON
 from contracts.budget import BudgetState, FleetBudgetInput, IncidentMark, LeaseState, Quarantine, TimelineKind
 from contracts.models import NodeFailureAlert, OperatorDecision
-from contracts.settings import Settings
 from starter.alerts import raise_alert
-from starter.drill import Drill, DrillOptions
+from starter.drill import DrillOptions
 from starter.localstack import REPO, wait_async
-from tests.integration.conftest import stack_settings
+from tests.integration.conftest import fleet
 from tests.integration.test_fleet_budget import local_activities
-from tests.replay.replaying import REPLAYABLE_PREFIX, assert_every_run_replays
-from worker import activities_for, build_slurm, build_worker
-from workflows.fleet_budget import FleetBudgetWorkflow, fleet_budget_workflow_id
+from workflows.fleet_budget import FleetBudgetWorkflow
 from workflows.node_recovery import NodeRecoveryWorkflow, incident_workflow_id
 from workflows.return_to_service import ReturnToServiceWorkflow
 
 pytestmark = pytest.mark.slurm
-
-
-@dataclasses.dataclass
-class Fleet:
-    settings: Settings
-    drill: Drill
-
-    @property
-    def budget(self) -> WorkflowHandle:
-        return self.drill.client.get_workflow_handle_for(FleetBudgetWorkflow.run,
-                                                         fleet_budget_workflow_id(self.settings.task_queue))
-
-
-@asynccontextmanager
-async def fleet(temporal_env, local_stack, slurm_cluster, **overrides) -> AsyncIterator[Fleet]:
-    """A worker built from these settings on a task queue of its own, and a drill that uses it.
-    After the test, every run on that queue replays on the current code, as a worker that lost
-    its cache would replay it (the test polls the incidents' status as they start: a query then
-    once split an incident's first workflow task so that it did not replay)."""
-    task_queue = f"{REPLAYABLE_PREFIX}safety-{uuid.uuid4()}"
-    settings = stack_settings(local_stack, slurm_cluster, task_queue, **overrides)
-    async with AsyncExitStack() as stack:
-        slurm = await build_slurm(settings, stack)
-        async with build_worker(temporal_env.client, task_queue, activities_for(settings, slurm, temporal_env.client)):
-            drill = Drill(temporal_env.client, dataclasses.replace(local_stack, task_queue=task_queue), slurm_cluster,
-                          settings.policy(), XidPolicyTable(settings.xid_policy_file), say=print)
-            yield Fleet(settings, drill)
-    assert await assert_every_run_replays(temporal_env.client, task_queue) > 0
 
 
 class WebhookReceiver(ThreadingHTTPServer):

@@ -69,11 +69,12 @@ class StandIns:
 
     def __init__(self, fault_class: FaultClass, checkpoint_arrives: bool = True, spare: str | None = "gpu-5",
                  verified: bool = True, unknown_node: bool = False, earlier_application_incidents: int = 0,
+                 idle_node: bool = False,
                  classify: Callable[[NodeFailureAlert], Awaitable[FaultClassification]] | None = None,
                  count_application_incidents: Callable[[ApplicationXidCountRequest], Awaitable[int]] | None = None):
         self.fault_class, self.checkpoint_arrives, self.spare, self.verified = (
             fault_class, checkpoint_arrives, spare, verified)
-        self.unknown_node = unknown_node
+        self.unknown_node, self.idle_node = unknown_node, idle_node
         self.earlier_application_incidents = earlier_application_incidents
         self.real_classify, self.real_count = classify, count_application_incidents
         self.calls: list[str] = []
@@ -121,7 +122,7 @@ class StandIns:
 
         @activity.defn(name="find_jobs")
         async def find_jobs(node: str) -> list[JobSnapshot]:
-            return [JobSnapshot(job=JOB, checkpoint_dir="/ckpt/42", latest_complete=CHECKPOINT, progress=None)]
+            return [] if self.idle_node else [JobSnapshot(job=JOB, checkpoint_dir="/ckpt/42", latest_complete=CHECKPOINT, progress=None)]
 
         @activity.defn(name="signal_job")
         async def signal_job(req: SignalRequest) -> ActionRecord:
@@ -230,6 +231,23 @@ async def test_no_spare_left_is_reported_not_hidden(time_skipping_env):
     assert report.outcome == "no_replacement: none left"
     assert "verify_restart" in stand_ins.calls  # the jobs are still checked
     assert all(p.name != "wait_for_spare" for p in report.phases)
+
+
+async def test_an_idle_node_keeps_the_hot_spare_on_standby(time_skipping_env):
+    stand_ins = StandIns(FaultClass.FATAL, idle_node=True)
+    report = await run_incident(time_skipping_env, stand_ins, xid=79)
+    assert report.outcome == "recovered" and report.spare_node is None
+    assert phase(report, "request_replacement").result == (
+        "skipped: no job was on gpu-2: the hot spares stay on standby for a job to resume "
+        "(spare_for_idle_node is off)")
+    assert "request_replacement" not in stand_ins.calls and "mark_node_down" in stand_ins.calls
+
+
+async def test_an_idle_node_takes_a_spare_when_the_policy_says_so(time_skipping_env):
+    stand_ins = StandIns(FaultClass.FATAL, idle_node=True)
+    report = await run_incident(time_skipping_env, stand_ins, xid=79, spare_for_idle_node=True)
+    assert report.outcome == "recovered" and report.spare_node == "gpu-5"
+    assert "request_replacement" in stand_ins.calls
 
 
 async def test_failed_verification_says_why(time_skipping_env):
