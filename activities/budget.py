@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from google.protobuf.field_mask_pb2 import FieldMask
 from temporalio import activity
@@ -45,6 +46,7 @@ from contracts.budget import (
     QuarantineRelease,
     QuarantineStatus,
 )
+from contracts.operators import DecisionSigner
 from workflows.fleet_budget import FIND_CLOSED_HOLDERS, FLEET_BUDGET_WORKFLOW_ID, FleetBudgetWorkflow
 
 logger = logging.getLogger(__name__)
@@ -184,34 +186,45 @@ async def give_budget_priority(client: Client, workflow_id: str) -> None:
                        workflow_id, err.status.name, err.message)
 
 
-async def release_quarantine(client: Client, node: str, actor: str, reason: str,
+async def release_quarantine(client: Client, node: str, signer: DecisionSigner, reason: str,
                              workflow_id: str = FLEET_BUDGET_WORKFLOW_ID) -> QuarantineStatus:
-    """An operator returns a lemon to automatic handling. ValueError when it is not quarantined."""
-    return await _operator_update(client, workflow_id, FleetBudgetWorkflow.release_quarantine,
-                                  QuarantineRelease(node=node, actor=actor, reason=reason),
-                                  f"node {node} is not quarantined (no fleet budget is running)")
+    """An operator returns a lemon to automatic handling. ValueError when it is not quarantined
+    or the budget refuses the operator's signature."""
+    return await _operator_update(
+        client, workflow_id, FleetBudgetWorkflow.release_quarantine,
+        lambda run_id: QuarantineRelease(node=node, actor=signer.actor, reason=reason, signature=signer.sign(
+            "release_quarantine", workflow_id, run_id, node, reason)),
+        f"node {node} is not quarantined (no fleet budget is running)")
 
 
-async def reset_breaker(client: Client, actor: str, reason: str,
+async def reset_breaker(client: Client, signer: DecisionSigner, reason: str,
                         workflow_id: str = FLEET_BUDGET_WORKFLOW_ID) -> BudgetStatus:
-    """An operator resets the tripped fence circuit breaker. ValueError when it is not tripped."""
-    return await _operator_update(client, workflow_id, FleetBudgetWorkflow.reset_breaker,
-                                  BreakerReset(actor=actor, reason=reason),
-                                  "the fence circuit breaker is not tripped (no fleet budget is running)")
+    """An operator resets the tripped fence circuit breaker. ValueError when it is not tripped
+    or the budget refuses the operator's signature."""
+    return await _operator_update(
+        client, workflow_id, FleetBudgetWorkflow.reset_breaker,
+        lambda run_id: BreakerReset(actor=signer.actor, reason=reason, signature=signer.sign(
+            "reset_breaker", workflow_id, run_id, "", reason)),
+        "the fence circuit breaker is not tripped (no fleet budget is running)")
 
 
-async def _operator_update(client: Client, workflow_id: str, update, arg, when_no_budget: str):
-    """An operator's update of the budget; its validator's refusal, or no budget running, as ValueError."""
-    handle = client.get_workflow_handle_for(FleetBudgetWorkflow.run, workflow_id)
-    try:
-        return await handle.execute_update(update, arg)
-    except WorkflowUpdateFailedError as err:
-        refusal = err.cause  # the budget's validator said no
-        raise ValueError(refusal.message if isinstance(refusal, FailureError) else str(err)) from err
-    except RPCError as err:
-        if err.status != RPCStatusCode.NOT_FOUND:
-            raise
-        raise ValueError(when_no_budget) from err
+async def _operator_update(client: Client, workflow_id: str, update, signed: Callable[[str], object],
+                           when_no_budget: str):
+    """An operator's update of the budget's current run, signed for that run; the budget's refusal,
+    or no budget running, as ValueError. A run that continued as new meanwhile is asked again once."""
+    for attempt in (1, 2):
+        try:
+            run_id = (await client.get_workflow_handle(workflow_id).describe()).run_id
+            handle = client.get_workflow_handle_for(FleetBudgetWorkflow.run, workflow_id, run_id=run_id)
+            return await handle.execute_update(update, signed(run_id))
+        except WorkflowUpdateFailedError as err:
+            refusal = err.cause  # the budget's validator, or its check of the signature, said no
+            raise ValueError(refusal.message if isinstance(refusal, FailureError) else str(err)) from err
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            if attempt == 2:
+                raise ValueError(when_no_budget) from err
 
 
 async def fleet_budget_status(client: Client, workflow_id: str = FLEET_BUDGET_WORKFLOW_ID) -> BudgetStatus:

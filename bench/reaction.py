@@ -32,8 +32,9 @@ from pathlib import Path
 from bench.profile import activity_timeline, median_timeline, render_timeline
 from bench.stack import BenchStack, say
 from bench.table import Row, goal, median, percentile, row
-from contracts.models import NodeFailureAlert, OperatorDecision
+from contracts.models import NodeFailureAlert
 from starter.alerts import raise_alert
+from starter.decisions import decide
 from starter.localstack import StackError, wait_async
 from workflows.node_recovery import NodeRecoveryWorkflow
 
@@ -197,8 +198,7 @@ async def react_ours(bench: BenchStack, probes: Probes) -> Reaction:
         return status.actions if len(signals) >= len(probes.job_ids) else None
 
     actions = await wait_async(actions_recorded, TIMEOUT_SECONDS, "the incident's signal actions", interval=0.05)
-    await handle.execute_update(NodeRecoveryWorkflow.abort,
-                                OperatorDecision(actor="bench reaction", reason="benchmark: reaction measured"))
+    await decide(handle, "abort", bench.stack.operator_signer(), "benchmark: reaction measured")
     await handle.result()  # ended, and its lease returned to the budget before the next run's incident
     drained = next(a.at.timestamp() for a in actions if a.action == "drain_node")
     signal_actions = [a.at.timestamp() for a in actions if a.action == "signal_job"]

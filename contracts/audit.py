@@ -31,8 +31,9 @@ audit_log = logging.getLogger("training_recovery.audit")
 
 _JOB_TARGET = re.compile(r"^job (\d+)$")
 
-# policy: decided by the controller's rules; operator: a person's command.
-ActorKind = Literal["policy", "operator"]
+# policy: decided by the controller's rules; operator: a person's command, its signature verified;
+# unverified: a command whose signature did not verify (refused, recorded with the name it claimed).
+ActorKind = Literal["policy", "operator", "unverified"]
 
 
 class AuditEvent(Contract):

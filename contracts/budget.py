@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, model_validator
 
 from contracts.audit import ActorKind
-from contracts.models import Actor, Contract, NodeName, OperatorDecision
+from contracts.models import Actor, Contract, NodeName, OperatorDecision, OperatorSignature
 from contracts.redaction import fingerprinted_url
 
 IncidentId = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\n\r]+$")]
@@ -244,6 +244,7 @@ class QuarantineRelease(Contract):
     node: NodeName
     actor: Actor
     reason: Annotated[str, Field(min_length=1, max_length=500)]
+    signature: OperatorSignature | None = None
 
 
 class QuarantineStatus(Contract):
@@ -280,6 +281,7 @@ class BreakerReset(Contract):
 
     actor: Actor
     reason: Annotated[str, Field(min_length=1, max_length=500)]
+    signature: OperatorSignature | None = None
 
 
 # --- the budget's own state, timeline and status ----------------------------------------------

@@ -187,11 +187,20 @@ class ApprovalRequest(Contract):
         "until the budget frees up or an operator answers")
 
 
+class OperatorSignature(Contract):
+    """An operator's Ed25519 signature over a decision and where it applies (contracts/operators.py)."""
+
+    signed_at: datetime
+    value: Annotated[str, Field(min_length=1, max_length=200, description="base64 of the 64-byte signature")]
+
+
 class OperatorDecision(Contract):
-    """An operator's answer to an incident (workflow updates `approve`, `deny`, `abort`)."""
+    """An operator's answer to an incident (workflow updates `approve`, `deny`, `abort`), signed
+    with the operator's key (`recovery approve` signs it): the worker verifies it before it counts."""
 
     actor: Actor
     reason: Annotated[str, Field(min_length=1, max_length=500)]
+    signature: OperatorSignature | None = None
 
 
 class ApplicationXidCountRequest(Contract):
@@ -516,6 +525,8 @@ class DecisionRecord(Contract):
     gate: str | None = None
     actor: str
     reason: str
+    verified_by: str | None = Field(None, description="the fingerprint of the operator's key whose signature "
+                                    "the worker verified; none for the policy's own answers")
 
 
 class IncidentStatus(Contract):

@@ -26,6 +26,7 @@ from pydantic_settings import (
 
 from contracts.budget import BudgetPolicy, WebhookTarget, partition_fractions_from
 from contracts.models import ApprovalGate, RecoveryPolicy, _check_node_name
+from contracts.operators import parse_operator_keys
 from contracts.redaction import fingerprinted_url
 
 DEFAULT_XID_POLICY = Path(__file__).with_name("xid_policy.csv")
@@ -146,6 +147,15 @@ class Settings(BaseSettings):
     notify_hmac_secret: SecretStr | None = None
     notify_timeout_seconds: float = Field(10.0, gt=0)
     audit_log: Path | None = Field(None, description="append every action and decision as a JSON line here")
+    # Verified operators (contracts/operators.py): the worker's list of operators' public keys, and
+    # the CLI's own signing key.
+    operator_keys_file: Path | None = Field(
+        None, description="the operators whose signed decisions the worker accepts, one `NAME ssh-ed25519 KEY` "
+        "per line; unset: every operator decision is refused")
+    operator_key_file: Path | None = Field(
+        None, description="the CLI's operator key (OpenSSH Ed25519, no passphrase) that signs its decisions")
+    operator: str = Field("", description="the CLI's operator name, as the worker's list has it; empty: the "
+                          "login name")
 
     @classmethod
     def settings_customise_sources(
@@ -183,6 +193,17 @@ class Settings(BaseSettings):
                 raise ValueError(f"cannot read {value}: {e.strerror}") from None
             if not token.strip():
                 raise ValueError(f"{value} is empty")
+        return value
+
+    @field_validator("operator_keys_file")
+    @classmethod
+    def _operator_list_reads(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            try:
+                if not parse_operator_keys(value.read_text(), str(value)):
+                    raise ValueError(f"{value} lists no operator")
+            except OSError as e:
+                raise ValueError(f"cannot read {value}: {e.strerror}") from None
         return value
 
     @model_validator(mode="after")

@@ -581,13 +581,29 @@ async def _report(ref: str, output: Path | None, as_json: bool) -> int:
 # --- operator decisions ------------------------------------------------------------------------
 
 
+ACTOR_OPTION = typer.Option(None, help="who decides: a name in the worker's operator list (default "
+                            "RECOVERY_OPERATOR, else the login name)")
+
+
+def _signer(actor: str | None, settings=None):
+    """The operator's name and key; BadInput (exit 2) without a usable key."""
+    from starter.operator_key import operator_signer
+
+    settings = settings or load_settings()
+    try:
+        return operator_signer(settings.operator_key_file, actor or settings.operator or getpass.getuser())
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+
+
 def _decision_command(name: str, what: str) -> None:
-    @app.command(name, help=f"{what} (only when the incident awaits a decision)")
+    @app.command(name, help=f"{what} (only when the incident awaits a decision); signed with RECOVERY_OPERATOR_KEY_FILE")
     def decide(incident: str = typer.Argument(..., help="a node name (its latest incident) or an incident id"),
                reason: str = typer.Option(..., help="why: recorded with the decision"),
-               actor: str = typer.Option(f"{getpass.getuser()} via recovery {name}", help="who decides"),
+               actor: str | None = ACTOR_OPTION,
                as_json: bool = JSON_OPTION) -> None:
-        _run(_decide(name, incident, OperatorDecision(actor=actor, reason=reason), as_json))
+        OperatorDecision(actor=actor or "unnamed", reason=reason)  # a bad reason or actor: exit 2 before anything
+        _run(_decide(name, incident, actor, reason, as_json))
 
 
 _decision_command("approve", "let the incident go on with the step that awaits approval")
@@ -595,87 +611,96 @@ _decision_command("deny", "refuse the step that awaits approval")
 _decision_command("abort", "stop the incident where it is")
 
 
-async def _decide(name: str, ref: str, decision: OperatorDecision, as_json: bool) -> int:
+async def _decide(name: str, ref: str, actor: str | None, reason: str, as_json: bool) -> int:
+    from starter.decisions import NothingAwaitsApproval, decide
+
     node, incident_id = parse_incident_ref(ref)
     client = await _configured_client()
     incident = await find_incident(client, node, incident_id)
     label = incident.incident_id or ref
     if incident.run.status != WorkflowExecutionStatus.RUNNING:
         raise BadInput(f"incident {label} has ended ({incident.run_status}): nothing awaits a decision")
+    signer = _signer(actor)
     handle = client.get_workflow_handle(incident.run.id, run_id=incident.run.run_id)
     try:
-        status = await handle.execute_update(name, decision, result_type=IncidentStatus)
+        status = await decide(handle, name, signer, reason)
+    except NothingAwaitsApproval as e:
+        raise BadInput(f"incident {label} refused {name}: {e}") from None
     except WorkflowUpdateFailedError as e:
         raise BadInput(f"incident {label} refused {name}: {e.cause.message if e.cause else e}") from None
     if as_json:
         _print_json(status.model_dump(mode="json"))
     else:
-        print(f"incident {status.incident_id}: {name} accepted from {decision.actor}; phase {status.phase}")
+        print(f"incident {status.incident_id}: {name} accepted from {signer.actor}; phase {status.phase}")
     return EXIT_OK
 
 
 # --- fleet budget and lemon nodes -------------------------------------------------------------
 
 
-@app.command("release-quarantine", help="let a quarantined lemon node return to service automatically again")
+@app.command("release-quarantine", help="let a quarantined lemon node return to service automatically again; "
+             "signed with RECOVERY_OPERATOR_KEY_FILE")
 def release_quarantine_command(
     node: str = typer.Argument(..., help="the quarantined node"),
     reason: str = typer.Option(..., help="why (e.g. the repair ticket): recorded with the release"),
-    actor: str = typer.Option(f"{getpass.getuser()} via recovery release-quarantine", help="who releases it"),
+    actor: str | None = ACTOR_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     _run(_release_quarantine(checked_node(node), actor, reason, as_json))
 
 
-async def _release_quarantine(node: str, actor: str, reason: str, as_json: bool) -> int:
+async def _release_quarantine(node: str, actor: str | None, reason: str, as_json: bool) -> int:
     from activities.budget import release_quarantine
     from workflows.fleet_budget import fleet_budget_workflow_id
 
     try:
-        QuarantineRelease(node=node, actor=actor, reason=reason)
+        QuarantineRelease(node=node, actor=actor or "unnamed", reason=reason)
     except ValidationError as e:
         raise BadInput(f"release-quarantine: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}") from None
     settings = load_settings()
+    signer = _signer(actor, settings)
     client = await _client(settings.temporal_address, settings.temporal_namespace)
     try:
-        status = await release_quarantine(client, node, actor, reason,
+        status = await release_quarantine(client, node, signer, reason,
                                           workflow_id=fleet_budget_workflow_id(settings.task_queue))
     except ValueError as e:
         raise BadInput(str(e)) from None
     if as_json:
         _print_json(status.model_dump(mode="json"))
     else:
-        print(f"{node} released from quarantine by {actor}: it may return to service once repaired and healthy")
+        print(f"{node} released from quarantine by {signer.actor}: it may return to service once repaired and healthy")
     return EXIT_OK
 
 
-@app.command("reset-breaker", help="reset the tripped fence circuit breaker: held incidents are weighed again")
+@app.command("reset-breaker", help="reset the tripped fence circuit breaker: held incidents are weighed again; "
+             "signed with RECOVERY_OPERATOR_KEY_FILE")
 def reset_breaker_command(
     reason: str = typer.Option(..., help="why (what was found and fixed): recorded with the reset"),
-    actor: str = typer.Option(f"{getpass.getuser()} via recovery reset-breaker", help="who resets it"),
+    actor: str | None = ACTOR_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     _run(_reset_breaker(actor, reason, as_json))
 
 
-async def _reset_breaker(actor: str, reason: str, as_json: bool) -> int:
+async def _reset_breaker(actor: str | None, reason: str, as_json: bool) -> int:
     from activities.budget import reset_breaker
     from workflows.fleet_budget import fleet_budget_workflow_id
 
     try:
-        BreakerReset(actor=actor, reason=reason)
+        BreakerReset(actor=actor or "unnamed", reason=reason)
     except ValidationError as e:
         raise BadInput(f"reset-breaker: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}") from None
     settings = load_settings()
+    signer = _signer(actor, settings)
     client = await _client(settings.temporal_address, settings.temporal_namespace)
     try:
-        status = await reset_breaker(client, actor, reason, workflow_id=fleet_budget_workflow_id(settings.task_queue))
+        status = await reset_breaker(client, signer, reason, workflow_id=fleet_budget_workflow_id(settings.task_queue))
     except ValueError as e:
         raise BadInput(str(e)) from None
     if as_json:
         _print_json(status.model_dump(mode="json"))
     else:
-        print(f"fence circuit breaker reset by {actor}; " + (
+        print(f"fence circuit breaker reset by {signer.actor}; " + (
             f"tripped again: {status.breaker.reason}" if status.breaker else "closed")
             + f"; {len(status.fence_held)} incident(s) still held")
     return EXIT_OK
@@ -755,7 +780,8 @@ async def _stack(action: StackAction, slurm_version: str | None) -> int:
     if action == StackAction.up:
         cluster = await asyncio.to_thread(local.up)
         print(json.dumps({"temporal": local.temporal_address, "ui": f"http://127.0.0.1:{local.ui_port}",
-                          "slurm_conf": cluster["SLURM_CONF"], "slurmrestd": cluster["SLURMRESTD_URL"]}))
+                          "slurm_conf": cluster["SLURM_CONF"], "slurmrestd": cluster["SLURMRESTD_URL"],
+                          "operator_key_file": str(local.operator_key_file)}))
     elif action == StackAction.down:
         # every generation's cluster and worker, then the dev server
         for version in DEBIAN_RELEASE_OF_GENERATION:

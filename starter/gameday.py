@@ -416,7 +416,7 @@ async def operate_breaker(game: GameDay, failing: list[str]) -> Slo:
     status = await wait_async(all_held, 60, f"the fence circuit breaker to hold {to_hold} incidents")
     nodes = {n.name: n for n in await game.drill.slurm.list_nodes()}
     drained = [lease.node for lease in status.fence_held if nodes[lease.node].drained or nodes[lease.node].state == "down"]
-    await reset_breaker(game.client, f"game day by {getpass.getuser()}",
+    await reset_breaker(game.client, game.stack.operator_signer(),
                         f"storm drill: {len(failing)} injected failures, all real", workflow_id=budget_id)
     game.say(f"breaker: tripped at {limit} fences, held {len(status.fence_held)} ({len(drained)} drained); reset")
     return judged("breaker_held", f"{to_hold} held past its limit of {limit}, none drained, until reset",

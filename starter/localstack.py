@@ -30,6 +30,8 @@ ROOT_CACHE = Path("/var/cache/training-recovery")
 DEBIAN_RELEASE_OF_GENERATION = {"22.05": "bookworm", "24.11": "trixie"}
 # The other generation's cluster listens this far above slurm_port_base.
 OTHER_GENERATION_PORT_OFFSET = 1000
+# The local stack's one operator: approvals, resets and releases on it are signed with its key.
+OPERATOR = "local-operator"
 
 
 class StackError(RuntimeError):
@@ -220,10 +222,47 @@ class LocalStack:
 
     # --- worker ------------------------------------------------------------------------------
 
+    def operator_key_file_of(self, name: str = OPERATOR) -> Path:
+        """An operator's signing key on this stack (RECOVERY_OPERATOR_KEY_FILE for `recovery approve`, ...)."""
+        return self.state_dir / "operators" / name
+
+    @property
+    def operator_key_file(self) -> Path:
+        return self.operator_key_file_of(OPERATOR)
+
+    @property
+    def operator_keys_file(self) -> Path:
+        """The local worker's operator list (read again whenever it changes)."""
+        return self.state_dir / "operators" / "operators.list"
+
+    def ensure_operator_key(self, name: str = OPERATOR) -> None:
+        """The operator's key, and its line in the worker's list, made once per state dir."""
+        from starter.operator_key import new_key
+
+        directory = self.operator_keys_file.parent
+        directory.mkdir(parents=True, exist_ok=True)
+        directory.chmod(0o700)
+        listed = self.operator_keys_file.read_text() if self.operator_keys_file.exists() else ""
+        if self.operator_key_file_of(name).exists() and any(line.split(" ", 1)[0] == name for line in listed.splitlines()):
+            return
+        _, line = new_key(name, directory)
+        kept = [entry for entry in listed.splitlines() if entry.split(" ", 1)[0] != name]
+        fresh = self.operator_keys_file.with_suffix(".new")  # renamed into place: a worker never reads half a list
+        fresh.write_text("\n".join([*kept, line]) + "\n")
+        fresh.replace(self.operator_keys_file)
+
+    def operator_signer(self, name: str = OPERATOR):
+        from starter.operator_key import operator_signer
+
+        self.ensure_operator_key(name)
+        return operator_signer(self.operator_key_file_of(name), name)
+
     def worker_env(self, cluster: dict[str, str]) -> dict[str, str]:
+        self.ensure_operator_key()
         return {
             **os.environ,
             **cluster,
+            "RECOVERY_OPERATOR_KEYS_FILE": str(self.operator_keys_file),
             "TEMPORAL_ADDRESS": self.temporal_address,
             "RECOVERY_TASK_QUEUE": self.task_queue,
             "RECOVERY_SPARE_NODES": cluster.get("SLURM_SPARE_NODES", ""),

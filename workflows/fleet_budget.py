@@ -74,12 +74,14 @@ with workflow.unsafe.imports_passed_through():
 
 from workflows.audit_trail import AuditTrail
 from workflows.notify import notify
+from workflows.operator_check import OperatorCheck
 
 FLEET_BUDGET_WORKFLOW_ID = "fleet-budget"
 # Runs that start on this code hold a workflow task's audit lines and write them with one local
 # activity once its answers are out; runs begun before write each line with a local activity of
 # its own as it is decided (docs/upgrades.md).
 AUDIT_LINES_HELD = "audit-lines-held"
+NOT_TRIPPED = "the fence circuit breaker is not tripped"
 
 
 def fleet_budget_workflow_id(task_queue: str) -> str:
@@ -128,6 +130,7 @@ class FleetBudgetWorkflow:
         self._ledger = BudgetLedger(inp.state or BudgetState(policy=inp.policy), info.workflow_id,
                                     budget_epoch=info.first_execution_run_id)
         self._audit = AuditTrail(hold=workflow.patched(AUDIT_LINES_HELD))
+        self._operators = OperatorCheck(self._audit)
         self._to_tell: list[str] = []
         self._to_notify: list[Notification] = []
         self._next_holder_check: datetime | None = None
@@ -156,18 +159,28 @@ class FleetBudgetWorkflow:
     # --- operators and configuration ----------------------------------------------------------
 
     @workflow.update
-    def release_quarantine(self, release: QuarantineRelease) -> QuarantineStatus:
+    async def release_quarantine(self, release: QuarantineRelease) -> QuarantineStatus:
+        await self._operators.verified("release_quarantine", release.actor, release.reason, release.signature,
+                                       release.node, node=release.node)
+        if (why := self._why_not_quarantined(release)) is not None:  # released while it was verified
+            raise ApplicationError(why, type="NotQuarantined", non_retryable=True)
         now = workflow.now()
         self._decided(self._ledger.release_quarantine(release, now))
         return self._ledger.quarantine_status(release.node, now)
 
     @release_quarantine.validator
     def _only_a_quarantined_node(self, release: QuarantineRelease) -> None:
-        if not self._ledger.quarantined(release.node):
-            raise ValueError(f"node {release.node} is not quarantined")
+        if (why := self._why_not_quarantined(release)) is not None:
+            raise ValueError(why)
+
+    def _why_not_quarantined(self, release: QuarantineRelease) -> str | None:
+        return None if self._ledger.quarantined(release.node) else f"node {release.node} is not quarantined"
 
     @workflow.update
-    def reset_breaker(self, reset: BreakerReset) -> BudgetStatus:
+    async def reset_breaker(self, reset: BreakerReset) -> BudgetStatus:
+        await self._operators.verified("reset_breaker", reset.actor, reset.reason, reset.signature)
+        if self._ledger.state.breaker is None:  # reset while it was verified
+            raise ApplicationError(NOT_TRIPPED, type="NotTripped", non_retryable=True)
         now = workflow.now()
         self._decided(self._ledger.reset_breaker(reset, now))
         return self._ledger.status(now)
@@ -175,7 +188,7 @@ class FleetBudgetWorkflow:
     @reset_breaker.validator
     def _only_a_tripped_breaker(self, reset: BreakerReset) -> None:
         if self._ledger.state.breaker is None:
-            raise ValueError("the fence circuit breaker is not tripped")
+            raise ValueError(NOT_TRIPPED)
 
     @workflow.update
     def set_policy(self, policy: BudgetPolicy) -> BudgetStatus:

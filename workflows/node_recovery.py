@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeUpdate
@@ -89,6 +89,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.audit_trail import AuditTrail
     from workflows.budget_lease import LEASE_STATE_SIGNAL, BUDGET_CALL, BudgetLease
     from workflows.notify import notify
+    from workflows.operator_check import OperatorCheck
     from workflows.report import build_report
     from workflows.return_to_service import ReturnToServiceWorkflow, return_to_service_workflow_id
     from workflows.spare_claim import SpareClaimWorkflow, spare_claim_workflow_id
@@ -149,6 +150,7 @@ class NodeRecoveryWorkflow:
         self._return_to_service: str | None = None
         self._lease = BudgetLease()
         self._audit = AuditTrail()
+        self._operators = OperatorCheck(self._audit)
         self._notify_enabled = False
         self._fewer_round_trips = False
         self._fence_in_one_task = False
@@ -181,37 +183,58 @@ class NodeRecoveryWorkflow:
         self._lease.on_state(state)
 
     @workflow.update
-    def approve(self, decision: OperatorDecision) -> IncidentStatus:
+    async def approve(self, decision: OperatorDecision) -> IncidentStatus:
         """An operator lets the step waiting at a gate go ahead."""
-        self._answer = self._decide("approve", decision)
-        return self.status()
+        return await self._answer_gate("approve", decision)
 
     @workflow.update
-    def deny(self, decision: OperatorDecision) -> IncidentStatus:
+    async def deny(self, decision: OperatorDecision) -> IncidentStatus:
         """An operator refuses the step waiting at a gate: the node stays fenced, nothing is killed."""
-        self._answer = self._decide("deny", decision)
-        return self.status()
+        return await self._answer_gate("deny", decision)
 
     @approve.validator
     @deny.validator
     def _something_awaits_approval(self, decision: OperatorDecision) -> None:
+        if (why := self._why_no_approval()) is not None:
+            raise ValueError(why)
+
+    def _why_no_approval(self) -> str | None:
         if self._awaiting is None or self._answer is not None:
-            raise ValueError(f"incident {self._incident_id or self._node} awaits no approval (phase {self._phase})")
+            return f"incident {self._incident_id or self._node} awaits no approval (phase {self._phase})"
+        return None
+
+    async def _answer_gate(self, kind: Literal["approve", "deny"], decision: OperatorDecision) -> IncidentStatus:
+        assert self._awaiting is not None
+        key = await self._operators.verified(kind, decision.actor, decision.reason, decision.signature,
+                                             self._awaiting.gate, incident=self._incident_id, node=self._node)
+        if (why := self._why_no_approval()) is not None:  # answered while it was verified
+            raise ApplicationError(why, type="NothingAwaitsApproval", non_retryable=True)
+        self._answer = self._decide(kind, decision, key)
+        return self.status()
 
     @workflow.update
-    def abort(self, decision: OperatorDecision) -> IncidentStatus:
+    async def abort(self, decision: OperatorDecision) -> IncidentStatus:
         """Stop the incident before its next step; the node is left as it is (fenced, if it was)."""
-        self._abort = self._decide("abort", decision)
+        key = await self._operators.verified("abort", decision.actor, decision.reason, decision.signature,
+                                             incident=self._incident_id, node=self._node)
+        if (why := self._why_not_abortable()) is not None:
+            raise ApplicationError(why, type="NotAbortable", non_retryable=True)
+        self._abort = self._decide("abort", decision, key)
         return self.status()
 
     @abort.validator
     def _still_running(self, decision: OperatorDecision) -> None:
-        if self._outcome is not None or self._abort is not None:
-            raise ValueError(f"incident {self._incident_id or self._node} has already ended or been aborted")
+        if (why := self._why_not_abortable()) is not None:
+            raise ValueError(why)
 
-    def _decide(self, kind: str, decision: OperatorDecision) -> DecisionRecord:
+    def _why_not_abortable(self) -> str | None:
+        if self._outcome is not None or self._abort is not None:
+            return f"incident {self._incident_id or self._node} has already ended or been aborted"
+        return None
+
+    def _decide(self, kind: str, decision: OperatorDecision, key: str | None) -> DecisionRecord:
         record = DecisionRecord(at=workflow.now(), kind=kind, gate=self._awaiting.gate if self._awaiting else None,
-                                actor=decision.actor, reason=decision.reason)
+                                actor=decision.actor, reason=decision.reason, verified_by=key)
         self._record_decision(record, "operator")
         return record
 
@@ -219,7 +242,8 @@ class NodeRecoveryWorkflow:
         self._decisions.append(record)
         self._audit.decision(record.kind + (f"_{record.gate}" if record.gate else ""), incident=self._incident_id,
                              node=self._node, reason=record.reason, result=record.kind, actor=record.actor,
-                             actor_kind=actor_kind)
+                             actor_kind=actor_kind,
+                             parameters={"verified_by": record.verified_by} if record.verified_by else None)
 
     @workflow.query
     def status(self) -> IncidentStatus:
@@ -538,7 +562,8 @@ class NodeRecoveryWorkflow:
         if pod is not None:
             await self._step("evict_slurmd_pod", self._evict(pod, ctx))
 
-        if self._idle_node_keeps_spare and not jobs and pod is None and not policy.spare_for_idle_node:
+        if (self._idle_node_keeps_spare and not jobs and pod is None and policy.spare_nodes
+                and not policy.spare_for_idle_node):
             no_replacement, spare = None, None
             self._skip("request_replacement", f"no job was on {req.node}: the hot spares stay on standby for a "
                        "job to resume (spare_for_idle_node is off)")

@@ -20,6 +20,7 @@ from workflows.fleet_budget import FleetBudgetWorkflow, fleet_budget_workflow_id
 
 
 def stack_settings(local_stack, cluster: dict[str, str], task_queue: str, **overrides) -> Settings:
+    local_stack.ensure_operator_key()
     return Settings(
         TEMPORAL_ADDRESS="unused",
         SLURM_CONF=cluster["SLURM_CONF"],
@@ -32,6 +33,7 @@ def stack_settings(local_stack, cluster: dict[str, str], task_queue: str, **over
         health_check=local_stack.health_check,
         verify_deadline_seconds=120,
         spare_wait_seconds=60,
+        operator_keys_file=local_stack.operator_keys_file,
         **overrides,
     )
 

@@ -20,6 +20,7 @@ import hmac
 import json
 import logging
 import sys
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -62,10 +63,11 @@ from activities.budget import (
     BUDGET_PRIORITY, LEASE_UPDATE_WITHIN, BudgetActivities, ensure_fleet_budget, fleet_budget_status,
     give_budget_priority, release_quarantine)
 from activities.notify import NotifyActivities
+from activities.operators import OperatorActivities, OperatorKeys
 from activities.telemetry import TelemetryActivities
 from observability.metrics import RecoveryMetrics
 from starter.faults import local_activity_marker
-from starter.localstack import wait_async
+from starter.localstack import LocalStack, wait_async
 from tests.integration.test_telemetry import points
 from contracts.audit import configure_sink, remove_sink
 from contracts.budget import (
@@ -185,6 +187,7 @@ class Fleet:
     budget_id: str
     metrics: InMemoryMetricReader
     activities: list[Callable]
+    operators: LocalStack  # the operators' keys and the worker's list of them (nothing else of a stack)
 
     def worker(self, **options) -> Worker:
         """The worker with the budget's workflows and activities, and the stand-ins'."""
@@ -255,7 +258,10 @@ def new_fleet(env, policy: BudgetPolicy, webhook: WebhookTarget | None = None,
     activities = [request_lease(budget) if request_lease else budget.request_lease, budget.check_quarantine,
                   budget.find_closed_holders, notifier.deliver_notification, write_audit, write_audit_lines,
                   TelemetryActivities(metrics).record_budget_in_use]
-    return Fleet(env.client, task_queue, budget_id, reader, activities)
+    operators = LocalStack(state_dir=Path(tempfile.mkdtemp(prefix="budget-operators-")))
+    operators.ensure_operator_key("bob")
+    activities.append(OperatorActivities(OperatorKeys(operators.operator_keys_file)).verify_decision)
+    return Fleet(env.client, task_queue, budget_id, reader, activities, operators)
 
 
 @asynccontextmanager
@@ -780,13 +786,14 @@ async def test_three_incidents_in_the_window_quarantine_a_node_until_an_operator
     # On the dev server: the time-skipping server sometimes loses an operator's update ("update not found").
     policy = BudgetPolicy(lemon_incidents=3, lemon_window_seconds=7 * 24 * 3600)
     async with fleet(temporal_env, policy) as f:
+        bob = f.operators.operator_signer("bob")
         with pytest.raises(ValueError, match=r"node gpu-7 is not quarantined \(no fleet budget is running\)"):
-            await release_quarantine(f.client, "gpu-7", "bob", "nothing yet", workflow_id=f.budget_id)
+            await release_quarantine(f.client, "gpu-7", bob, "nothing yet", workflow_id=f.budget_id)
         results = [await f.incident(f.plan(n, node="gpu-7", hold_seconds=0.1, check_quarantine=True))
                    for n in range(3)]
         with pytest.raises(ValueError, match="^node gpu-8 is not quarantined$"):
-            await release_quarantine(f.client, "gpu-8", "bob", "typo", workflow_id=f.budget_id)
-        released = await release_quarantine(f.client, "gpu-7", "bob", "GPU board replaced", workflow_id=f.budget_id)
+            await release_quarantine(f.client, "gpu-8", bob, "typo", workflow_id=f.budget_id)
+        released = await release_quarantine(f.client, "gpu-7", bob, "GPU board replaced", workflow_id=f.budget_id)
         after = await f.incident(f.plan(3, node="gpu-7", hold_seconds=0.1, check_quarantine=True))
         timeline = await f.timeline()
 

@@ -20,8 +20,9 @@ from temporalio.client import WorkflowHandle
 from contracts.audit import configure_sink, remove_sink
 from backends.replacement import SPARE_STANDBY_REASON
 from contracts.budget import BudgetState, FleetBudgetInput, IncidentMark, LeaseState, Quarantine, TimelineKind
-from contracts.models import NodeFailureAlert, OperatorDecision
+from contracts.models import NodeFailureAlert
 from starter.alerts import raise_alert
+from starter.decisions import decide
 from starter.drill import DrillOptions
 from starter.localstack import REPO, wait_async
 from tests.integration.conftest import fleet
@@ -163,22 +164,21 @@ async def test_over_budget_an_incident_waits_drained_and_an_operator_decides(
             return handle
 
         second = await over_budget(second_node)
-        await second.execute_update(NodeRecoveryWorkflow.approve,
-                                    OperatorDecision(actor="alice", reason="INC-7: this rack must come back first"))
+        await decide(second, "approve", local_stack.operator_signer("alice"), "INC-7: this rack must come back first")
         second_report = await asyncio.wait_for(second.result(), 120)
         lease: LeaseState = await f.budget.query(FleetBudgetWorkflow.lease, second_report.incident_id)
         assert lease.granted_by == "alice" and lease.over_budget
         assert any(a.action == "down_node" for a in second_report.actions)
 
         third = await over_budget(third_node)
-        await third.execute_update(NodeRecoveryWorkflow.deny, OperatorDecision(actor="bob", reason="wait for the window"))
+        await decide(third, "deny", local_stack.operator_signer("bob"), "wait for the window")
         third_report = await asyncio.wait_for(third.result(), 60)
         assert third_report.outcome.startswith("denied: over budget (bob: wait for the window)")
         assert [a.action for a in third_report.actions] == ["drain_node"]
         third_slurm = await f.drill.slurm.get_node(third_node)
         assert third_slurm.drained and third_slurm.state != "down"
 
-        await holder.handle.execute_update(NodeRecoveryWorkflow.approve, OperatorDecision(actor="carol", reason="ok"))
+        await decide(holder.handle, "approve", local_stack.operator_signer("carol"), "ok")
         result = await f.drill.finish(holder, 180)
         assert result.report.outcome == "recovered", result.checks
         assert job.job_id == result.job_id
@@ -216,8 +216,10 @@ async def test_a_lemon_is_quarantined_and_returns_to_service_only_after_an_opera
         await wait_async(held_as_a_lemon, 30, "the watcher to hold the repaired node as a lemon")
         assert not (await f.drill.slurm.get_node(node)).in_service
 
+        local_stack.ensure_operator_key("dana")
         env = {**os.environ, "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-               "RECOVERY_TASK_QUEUE": f.settings.task_queue}
+               "RECOVERY_TASK_QUEUE": f.settings.task_queue,
+               "RECOVERY_OPERATOR_KEY_FILE": str(local_stack.operator_key_file_of("dana"))}
 
         async def recovery(*args: str) -> tuple[int, str, str]:
             # Not subprocess.run: this process's worker must keep serving the budget meanwhile.
@@ -233,7 +235,7 @@ async def test_a_lemon_is_quarantined_and_returns_to_service_only_after_an_opera
                                         "--actor", "dana", "--json")
         assert code == 0, err
         assert json.loads(out)["quarantined"] is False
-        code, _, err = await recovery("release-quarantine", node, "--reason", "twice")
+        code, _, err = await recovery("release-quarantine", node, "--reason", "twice", "--actor", "dana")
         assert code == 2 and "not quarantined" in err, err
 
         result = await asyncio.wait_for(watcher.result(), 60)

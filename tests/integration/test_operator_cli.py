@@ -13,15 +13,19 @@ from pathlib import Path
 
 import pytest
 
+from contracts.audit import configure_sink, remove_sink
 from starter.drill import DrillOptions
+from starter.operator_key import new_key
 from workflows.node_recovery import NodeRecoveryWorkflow
 
 RECOVERY = str(Path(sys.executable).parent / "recovery")
 
 
-def recovery(temporal_env, *args: str) -> subprocess.CompletedProcess:
+def recovery(temporal_env, *args: str, key: Path | None = None) -> subprocess.CompletedProcess:
+    """The CLI as an operator runs it, signing with `key` (RECOVERY_OPERATOR_KEY_FILE)."""
     env = {**os.environ, "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-           "TEMPORAL_NAMESPACE": temporal_env.client.namespace}
+           "TEMPORAL_NAMESPACE": temporal_env.client.namespace,
+           **({"RECOVERY_OPERATOR_KEY_FILE": str(key)} if key else {})}
     return subprocess.run([RECOVERY, *args], capture_output=True, text=True, timeout=120, env=env,
                           stdin=subprocess.DEVNULL)
 
@@ -32,7 +36,16 @@ def json_of(result: subprocess.CompletedProcess, code: int = 0):
 
 
 @pytest.mark.slurm
-async def test_an_operator_follows_and_approves_an_incident(temporal_env, drill, recovery_worker, tmp_path):
+async def test_an_operator_follows_and_approves_an_incident(temporal_env, local_stack, drill, recovery_worker, tmp_path):
+    audit = tmp_path / "audit.jsonl"
+    sink = configure_sink(audit)
+    try:
+        await follow_and_approve(temporal_env, local_stack, drill, tmp_path, audit)
+    finally:
+        remove_sink(sink)
+
+
+async def follow_and_approve(temporal_env, local_stack, drill, tmp_path: Path, audit: Path) -> None:
     drill.policy = drill.policy.model_copy(update={"approval_required": ["replacement"]})
     run = await drill.start(DrillOptions(xid=79))
     node = run.node
@@ -47,7 +60,11 @@ async def test_an_operator_follows_and_approves_an_incident(temporal_env, drill,
         await asyncio.sleep(0.5)
     incident_id = status.incident_id
 
-    call = lambda *args: asyncio.to_thread(recovery, temporal_env, *args)  # noqa: E731
+    ops, other = "ops-on-call", "second-operator"
+    for name in (ops, other):
+        local_stack.ensure_operator_key(name)
+    key = local_stack.operator_key_file_of
+    call = lambda *args, key=key(ops): asyncio.to_thread(recovery, temporal_env, *args, key=key)  # noqa: E731
     listed = json_of(await call("list", "--node", node, "--running", "--json"))
     assert [(r["incident_id"], r["phase"], r["xid"]) for r in listed] == [(incident_id, "approval_replacement", 79)]
 
@@ -57,16 +74,34 @@ async def test_an_operator_follows_and_approves_an_incident(temporal_env, drill,
     assert [p["phase"] for p in described["timeline"]][:3] == ["classify", "breaker", "drain"]
     assert described["incident"]["awaiting_approval"]["gate"] == "replacement"
 
+    # Whoever signs is who decides: a name given with another operator's key, no key, or a key the
+    # worker does not list, is refused, audited as such, and changes nothing.
+    forged = await call("approve", node, "--reason", "trust me", "--actor", ops, key=key(other))
+    assert forged.returncode == 2, forged.stdout + forged.stderr
+    assert f"approve refused: the signature does not verify with {ops}'s key SHA256:" in forged.stderr
+    unsigned = await asyncio.to_thread(recovery, temporal_env, "approve", node, "--reason", "no key")
+    assert unsigned.returncode == 2 and "RECOVERY_OPERATOR_KEY_FILE is not set" in unsigned.stderr
+    unlisted = tmp_path / "keys"
+    new_key("mallory", unlisted)
+    stranger = await call("approve", node, "--reason", "hello", "--actor", "mallory", key=unlisted / "mallory")
+    assert stranger.returncode == 2 and "'mallory' is not among the worker's operators" in stranger.stderr
+    refusals = [json.loads(line) for line in audit.read_text().splitlines()
+                if json.loads(line)["action"] == "approve_refused"]
+    assert [(r["actor"], r["actor_kind"], r["result"]) for r in refusals] == [
+        (ops, "unverified", "refused"), ("mallory", "unverified", "refused")]
+    assert (await run.handle.query(NodeRecoveryWorkflow.status)).decisions == []
+
     # Two operators answer at once: one approval counts, the other is refused and changes nothing.
     first, second = await asyncio.gather(
-        call("approve", incident_id, "--reason", "spare checked", "--actor", "ops on call", "--json"),
-        call("approve", node, "--reason", "me too", "--actor", "second operator", "--json"))
+        call("approve", incident_id, "--reason", "spare checked", "--actor", ops, "--json"),
+        call("approve", node, "--reason", "me too", "--actor", other, "--json", key=key(other)))
     accepted, refused = (first, second) if first.returncode == 0 else (second, first)
     approved = json_of(accepted)
     assert [d["kind"] for d in approved["decisions"]] == ["approve"]
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "bad input, nothing was changed" in refused.stderr and "awaits no approval" in refused.stderr
     [decision] = approved["decisions"]
+    assert decision["verified_by"].startswith("SHA256:")
 
     result = await drill.finish(run, 300)
     assert result.report.outcome == "recovered", result.checks

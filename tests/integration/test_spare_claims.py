@@ -36,7 +36,9 @@ FAILED = ["gpu-3", "gpu-4"]
 async def test_two_incidents_on_two_workers_never_both_take_the_one_spare(temporal_env, local_stack, slurm_cluster):
     task_queue = f"spare-claims-{uuid.uuid4()}"
     # The budget lets both incidents under remediation at once (by default one node of the partition).
-    settings = stack_settings(local_stack, slurm_cluster, task_queue, budget_partition_fraction=1.0)
+    # Neither failed node runs a job: the spare goes to an idle node's incident only when the policy says so.
+    settings = stack_settings(local_stack, slurm_cluster, task_queue, budget_partition_fraction=1.0,
+                              spare_for_idle_node=True)
     policy = settings.policy()
     (spare,) = policy.spare_nodes
     async with AsyncExitStack() as resources:

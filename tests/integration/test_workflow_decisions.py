@@ -5,11 +5,15 @@ workflow's logic), so a 10-minute grace period takes no wall time."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 from temporalio import activity
@@ -18,6 +22,8 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.worker import Worker
 
 from activities.audit import write_audit
+from activities.operators import OperatorActivities, OperatorKeys
+from contracts.audit import configure_sink, remove_sink
 from contracts.kubernetes import K8sNodeRequest, K8sUnfenceResult
 from contracts.models import (
     ActionContext,
@@ -51,6 +57,8 @@ from contracts.models import (
     VerifyRequest,
 )
 from starter.alerts import raise_alert
+from starter.decisions import decide
+from starter.localstack import LocalStack
 from workflows.node_recovery import NodeRecoveryWorkflow
 from workflows.return_to_service import ReturnToServiceWorkflow
 from workflows.spare_claim import SpareClaimWorkflow
@@ -161,9 +169,19 @@ class StandIns:
                                    restart_count_before=0, restart_count_after=1,
                                    nodes_before=JOB.nodes, nodes_after=["gpu-1", "gpu-3"])
 
-        # write_audit is the real one: the incident's decisions go to the audit log as in production.
+        # write_audit and verify_decision are the real ones: the incident's decisions go to the audit
+        # log, and an operator's is verified against an operator list, as in production.
+        verify_decision = OperatorActivities(OperatorKeys(operators().operator_keys_file)).verify_decision
         return [classify_fault, count_application_incidents, record_incident, return_to_service, drain_node, mark_node_down, find_jobs, signal_job, wait_for_checkpoint,
-                requeue_job, request_replacement, wait_for_spare, verify_restart, write_audit]
+                requeue_job, request_replacement, wait_for_spare, verify_restart, write_audit, verify_decision]
+
+
+@functools.cache
+def operators() -> LocalStack:
+    """The operators' keys and the worker's list of them (nothing else of a stack): alice is listed."""
+    keys = LocalStack(state_dir=Path(tempfile.mkdtemp(prefix="decisions-operators-")))
+    keys.ensure_operator_key("alice")
+    return keys
 
 
 @asynccontextmanager
@@ -271,7 +289,12 @@ async def test_a_final_activity_failure_ends_in_an_explicit_failed_state(time_sk
 
 # --- approval gates and abort (operator updates) ------------------------------------------------
 
-OPERATOR = OperatorDecision(actor="alice", reason="checked the job owner's runbook")
+REASON = "checked the job owner's runbook"
+
+
+async def decided(handle, kind: str, signer=None) -> object:
+    """alice's decision (or `signer`'s), signed for the incident's run and gate."""
+    return await decide(handle, kind, signer or operators().operator_signer("alice"), REASON)
 
 
 async def until_awaiting(handle, gate: str):
@@ -306,22 +329,23 @@ async def test_an_approved_requeue_goes_ahead_and_records_who_and_why(time_skipp
         status = await until_awaiting(handle, "requeue")
         assert "job(s) 42" in status.awaiting_approval.question
         assert "requeue_job" not in stand_ins.calls  # nothing destructive before the answer
-        after = await handle.execute_update(NodeRecoveryWorkflow.approve, OPERATOR)
+        after = await decided(handle, "approve")
         assert after.decisions[-1].model_dump(include={"kind", "gate", "actor", "reason"}) == {
-            "kind": "approve", "gate": "requeue", "actor": "alice", "reason": OPERATOR.reason}
+            "kind": "approve", "gate": "requeue", "actor": "alice", "reason": REASON}
+        assert after.decisions[-1].verified_by.startswith("SHA256:")
         report = await handle.result()
     assert report.outcome == "recovered"
-    assert phase(report, "approval_requeue").result == f"approve by alice: {OPERATOR.reason}"
+    assert phase(report, "approval_requeue").result == f"approve by alice: {REASON}"
 
 
 async def test_a_denied_replacement_is_skipped_and_reported(time_skipping_env):
     stand_ins = StandIns(FaultClass.FATAL)
     async with incident(time_skipping_env, stand_ins, xid=79, approval_required=["replacement"]) as handle:
         await until_awaiting(handle, "replacement")
-        await handle.execute_update(NodeRecoveryWorkflow.deny, OPERATOR)
+        await decided(handle, "deny")
         report = await handle.result()
     assert "request_replacement" not in stand_ins.calls and "requeue_job" in stand_ins.calls
-    assert report.outcome == f"no_replacement: denied by alice: {OPERATOR.reason}"
+    assert report.outcome == f"no_replacement: denied by alice: {REASON}"
 
 
 async def test_small_jobs_pass_the_requeue_gate_without_asking(time_skipping_env):
@@ -335,13 +359,60 @@ async def test_approval_is_refused_when_nothing_awaits_it(time_skipping_env):
     stand_ins = StandIns(FaultClass.DEGRADING, checkpoint_arrives=False)
     async with incident(time_skipping_env, stand_ins, xid=94, approval_required=["replacement"]) as handle:
         await until_status(handle, lambda s: s.phase == "grace")
+        # Signed for a gate the incident has not reached: refused by the validator, before any check.
+        alice = operators().operator_signer("alice")
+        run_id = (await handle.describe()).run_id
+        early = OperatorDecision(actor="alice", reason=REASON,
+                                 signature=alice.sign("approve", handle.id, run_id, "replacement", REASON))
         with pytest.raises(WorkflowUpdateFailedError) as refused:
-            await handle.execute_update(NodeRecoveryWorkflow.approve, OPERATOR)
+            await handle.execute_update(NodeRecoveryWorkflow.approve, early)
         assert "awaits no approval" in str(refused.value.cause)
         status = await handle.query(NodeRecoveryWorkflow.status)
         assert status.decisions == []  # a refused update changes nothing
-        await handle.execute_update(NodeRecoveryWorkflow.abort, OPERATOR)
+        await decided(handle, "abort")
         await handle.result()
+
+
+async def test_an_unverified_decision_is_refused_audited_and_changes_nothing(time_skipping_env, tmp_path):
+    """Unsigned, signed by a key the worker does not list, or signed for another gate or run: each
+    is refused with why, audited with the name it claimed, and the gate still waits; then alice's
+    own signature counts."""
+    audit = tmp_path / "audit.jsonl"
+    sink = configure_sink(audit)
+    stranger = LocalStack(state_dir=tmp_path / "stranger").operator_signer("alice")  # alice's name, not her key
+    alice = operators().operator_signer("alice")
+    try:
+        async with incident(time_skipping_env, StandIns(FaultClass.FATAL), xid=79,
+                            approval_required=["requeue"]) as handle:
+            await until_awaiting(handle, "requeue")
+            run_id = (await handle.describe()).run_id
+            attempts = {
+                "not signed": OperatorDecision(actor="alice", reason=REASON),
+                "does not verify": OperatorDecision(actor="alice", reason=REASON, signature=stranger.sign(
+                    "approve", handle.id, run_id, "requeue", REASON)),
+                "at requeue": OperatorDecision(actor="alice", reason=REASON, signature=alice.sign(
+                    "approve", handle.id, run_id, "replacement", REASON)),  # another gate's
+                "(run": OperatorDecision(actor="alice", reason=REASON, signature=alice.sign(
+                    "approve", handle.id, "another-run", "requeue", REASON)),
+                "is not among": OperatorDecision(actor="mallory", reason=REASON, signature=alice.sign(
+                    "approve", handle.id, run_id, "requeue", REASON)),
+            }
+            for why, decision in attempts.items():
+                with pytest.raises(WorkflowUpdateFailedError) as refused:
+                    await handle.execute_update(NodeRecoveryWorkflow.approve, decision)
+                assert "approve refused: " in str(refused.value.cause) and why in str(refused.value.cause), why
+            status = await handle.query(NodeRecoveryWorkflow.status)
+            assert status.decisions == [] and status.awaiting_approval.gate == "requeue"
+            await decided(handle, "approve")
+            report = await handle.result()
+    finally:
+        remove_sink(sink)
+    assert report.outcome == "recovered" and [d.actor for d in report.decisions] == ["alice"]
+    lines = [json.loads(line) for line in audit.read_text().splitlines()]
+    refusals = [(line["actor"], line["actor_kind"], line["result"]) for line in lines if line["action"] == "approve_refused"]
+    assert refusals == [("alice", "unverified", "refused")] * 4 + [("mallory", "unverified", "refused")]
+    [approved] = [line for line in lines if line["action"] == "approve_requeue"]
+    assert approved["actor_kind"] == "operator" and approved["parameters"]["verified_by"].startswith("SHA256:")
 
 
 async def test_abort_stops_the_incident_before_its_next_step(time_skipping_env):
@@ -349,9 +420,9 @@ async def test_abort_stops_the_incident_before_its_next_step(time_skipping_env):
     stand_ins = StandIns(FaultClass.DEGRADING, checkpoint_arrives=False)
     async with incident(time_skipping_env, stand_ins, xid=94) as handle:
         await until_status(handle, lambda s: s.phase == "grace")
-        await handle.execute_update(NodeRecoveryWorkflow.abort, OPERATOR)
+        await decided(handle, "abort")
         report = await handle.result()
-    assert report.outcome == f"aborted by alice in grace: {OPERATOR.reason}; node left as it was"
+    assert report.outcome == f"aborted by alice in grace: {REASON}; node left as it was"
     assert stand_ins.calls == ["drain_node", "signal_job USR1"]
     assert [d.kind for d in report.decisions] == ["abort"]
 

@@ -43,6 +43,9 @@ BAD_ENVIRONMENTS = {
     "empty OTLP headers": {"OTEL_EXPORTER_OTLP_HEADERS": ""},
     "blank webhook URL": {"RECOVERY_NOTIFY_WEBHOOK_URL": "  "},
     "empty Slurm token file": {"SLURMRESTD_TOKEN_FILE": "/dev/null"},
+    "empty operator list": {"RECOVERY_OPERATOR_KEYS_FILE": "/dev/null"},
+    "operator list without keys": {"RECOVERY_OPERATOR_KEYS_FILE": str(ROOT / "pyproject.toml")},
+    "no operator list there": {"RECOVERY_OPERATOR_KEYS_FILE": "/nonexistent/operators.list"},
 }
 
 

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 import httpx
 import pytest
 
-from contracts.models import OperatorDecision
+from starter.decisions import decide
 from starter.drill import DrillOptions
 from starter.hooks.server import build_app, listening
 from starter.hooks.settings import HookSettings
@@ -40,7 +40,7 @@ async def history_bytes(handle) -> int:
 
 
 async def test_a_flood_of_100000_alerts_on_a_waiting_incident_leaves_it_small_and_it_completes(
-        temporal_env, drill, recovery_worker, settings):  # noqa: F811
+        temporal_env, local_stack, drill, recovery_worker, settings):  # noqa: F811
     drill.policy = drill.policy.model_copy(update={"approval_required": ["replacement"]})
     run = await drill.start(DrillOptions(xid=79))
 
@@ -78,8 +78,7 @@ async def test_a_flood_of_100000_alerts_on_a_waiting_incident_leaves_it_small_an
     growth = await history_bytes(run.handle) - before
     assert growth < HISTORY_GROWTH_BOUND, f"the flood grew the history by {growth} bytes"
 
-    await run.handle.execute_update(NodeRecoveryWorkflow.approve,
-                                    OperatorDecision(actor="alice", reason="flood test: spare checked"))
+    await decide(run.handle, "approve", local_stack.operator_signer("alice"), "flood test: spare checked")
     result = await drill.finish(run, 300)
     report = result.report
     assert report.outcome == "recovered", result.checks

@@ -50,10 +50,12 @@ def small_fleet(local_stack):
         yield stack_and_cluster
 
 
-async def recovery(temporal_env, task_queue: str, *args: str) -> subprocess.CompletedProcess:
-    """The CLI as a process of its own, waited for off the event loop (the worker runs on it)."""
+async def recovery(temporal_env, task_queue: str, key: Path, *args: str) -> subprocess.CompletedProcess:
+    """The CLI as a process of its own, signing with `key`, waited for off the event loop (the
+    worker runs on it)."""
     env = {**os.environ, "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-           "TEMPORAL_NAMESPACE": temporal_env.client.namespace, "RECOVERY_TASK_QUEUE": task_queue}
+           "TEMPORAL_NAMESPACE": temporal_env.client.namespace, "RECOVERY_TASK_QUEUE": task_queue,
+           "RECOVERY_OPERATOR_KEY_FILE": str(key)}
     return await asyncio.to_thread(subprocess.run, [RECOVERY, *args], capture_output=True, text=True, timeout=120,
                                    env=env, stdin=subprocess.DEVNULL)
 
@@ -105,11 +107,13 @@ async def test_one_request_for_every_node_drains_half_and_holds_the_rest(tempora
         assert notification.node in held and "recovery reset-breaker" in notification.summary
 
         reset_at = datetime.now(timezone.utc)
-        reset = await recovery(temporal_env, task_queue, "reset-breaker", "--reason", "the PDU was replaced",
-                         "--actor", "alice")
+        stack.ensure_operator_key("alice")
+        alice = stack.operator_key_file_of("alice")
+        reset = await recovery(temporal_env, task_queue, alice, "reset-breaker", "--reason", "the PDU was replaced",
+                               "--actor", "alice")
         assert reset.returncode == 0, reset.stdout + reset.stderr
         assert "fence circuit breaker reset by alice; closed; 0 incident(s) still held" in reset.stdout
-        again = await recovery(temporal_env, task_queue, "reset-breaker", "--reason", "twice")
+        again = await recovery(temporal_env, task_queue, alice, "reset-breaker", "--reason", "twice", "--actor", "alice")
         assert again.returncode == 2 and "not tripped" in again.stderr, again.stdout + again.stderr
 
         reports = await asyncio.wait_for(asyncio.gather(*(

@@ -1,0 +1,54 @@
+"""An operator's decision counts only once the worker has verified its signature
+(contracts/operators.py): the incident's approve, deny and abort, the fleet budget's breaker reset
+and quarantine release. A refused decision is audited (the first REFUSALS_AUDITED of a run: a
+sender cannot grow the audit log without bound either) and the update fails with why."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.operators import OperatorActivities
+    from contracts.models import OperatorSignature
+    from contracts.operators import DecisionCheck, DecisionKind
+    from workflows.audit_trail import AuditTrail
+
+# Runs that receive a decision on this code verify it first; a decision a run received before was
+# taken unverified, and replays so.
+VERIFIED_OPERATORS = "verified-operators"
+VERIFY_CALL = dict(start_to_close_timeout=timedelta(seconds=10), schedule_to_close_timeout=timedelta(seconds=60),
+                   retry_policy=RetryPolicy(maximum_attempts=3))
+REFUSALS_AUDITED = 20
+DECISION_REFUSED = "DecisionRefused"
+
+
+class OperatorCheck:
+    def __init__(self, audit: AuditTrail) -> None:
+        self._audit = audit
+        self.refused = 0
+
+    async def verified(self, kind: DecisionKind, actor: str, reason: str, signature: OperatorSignature | None,
+                       subject: str = "", *, incident: str | None = None, node: str | None = None) -> str | None:
+        """The verifying key's fingerprint, or None in a run that took this decision before
+        VERIFIED_OPERATORS; refused: audited, and ApplicationError DecisionRefused."""
+        if not workflow.patched(VERIFIED_OPERATORS):
+            return None
+        info = workflow.info()
+        verdict = await workflow.execute_activity_method(
+            OperatorActivities.verify_decision,
+            DecisionCheck(kind=kind, workflow_id=info.workflow_id, run_id=info.run_id, subject=subject,
+                          actor=actor, reason=reason, signature=signature),
+            summary=f"Verify {actor}'s signature on this {kind}", **VERIFY_CALL,
+        )
+        if verdict.verified:
+            return verdict.detail
+        self.refused += 1
+        if self.refused <= REFUSALS_AUDITED:
+            self._audit.decision(f"{kind}_refused", incident=incident, node=node, reason=verdict.detail,
+                                 result="refused", actor=actor, actor_kind="unverified",
+                                 parameters={"claimed_reason": reason, "subject": subject})
+        raise ApplicationError(f"{kind} refused: {verdict.detail}", type=DECISION_REFUSED, non_retryable=True)
