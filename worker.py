@@ -28,6 +28,7 @@ from activities.budget import BudgetActivities, ensure_fleet_budget
 from activities.fencing import FencingActivities
 from activities.notify import NotifyActivities
 from activities.operators import OperatorActivities, OperatorKeys
+from activities.policy import PolicyActivities
 from activities.kubernetes import KubernetesActivities
 from activities.jobs import JobActivities
 from activities.replacement import ReplacementActivities
@@ -175,6 +176,7 @@ def activities_for(settings: Settings, slurm: SlurmClient, temporal: Client,
         budget.find_closed_holders,
         NotifyActivities(settings.webhook_target()).deliver_notification,
         OperatorActivities(OperatorKeys(settings.operator_keys_file)).verify_decision,
+        PolicyActivities(settings.policy(), settings.accept_starter_policy).incident_policy,
         write_audit,
         write_audit_lines,
         *(kubernetes_activities(kubernetes, slurm, resources) if kubernetes is not None else []),

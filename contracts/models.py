@@ -177,6 +177,12 @@ class RecoveryPolicy(Contract):
         True, description="keep the incident's search attributes (contracts/search_attributes.py) current; "
         "off only where they cannot be registered (e.g. Temporal's time-skipping test server)")
 
+    def narrowed_by(self, requested: RecoveryPolicy) -> RecoveryPolicy:
+        """This (the worker's) policy, made only safer by what a starter asked for: observe mode, and
+        more approval gates. Nothing a starter sends takes a gate away, adds a spare or shortens a wait."""
+        gates = self.approval_required + [g for g in requested.approval_required if g not in self.approval_required]
+        return self.model_copy(update={"dry_run": self.dry_run or requested.dry_run, "approval_required": gates})
+
 
 class ApprovalRequest(Contract):
     gate: Gate

@@ -147,6 +147,9 @@ class Settings(BaseSettings):
     notify_hmac_secret: SecretStr | None = None
     notify_timeout_seconds: float = Field(10.0, gt=0)
     audit_log: Path | None = Field(None, description="append every action and decision as a JSON line here")
+    accept_starter_policy: bool = Field(
+        False, description="drills only: an incident runs on the policy its starter sent; off, on the worker's "
+        "own, which a starter can only make safer (dry-run, more approval gates)")
     # Verified operators (contracts/operators.py): the worker's list of operators' public keys, and
     # the CLI's own signing key.
     operator_keys_file: Path | None = Field(

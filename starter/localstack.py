@@ -263,6 +263,8 @@ class LocalStack:
             **os.environ,
             **cluster,
             "RECOVERY_OPERATOR_KEYS_FILE": str(self.operator_keys_file),
+            # A drill stack: game days set a scenario's policy (a grace period, a window) per incident.
+            "RECOVERY_ACCEPT_STARTER_POLICY": "true",
             "TEMPORAL_ADDRESS": self.temporal_address,
             "RECOVERY_TASK_QUEUE": self.task_queue,
             "RECOVERY_SPARE_NODES": cluster.get("SLURM_SPARE_NODES", ""),

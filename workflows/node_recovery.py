@@ -24,6 +24,7 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from activities.fencing import FencingActivities
     from activities.jobs import JobActivities
+    from activities.policy import PolicyActivities
     from activities.replacement import ReplacementActivities
     from activities.xid_policy import ClassifyActivities
     from activities.budget import BudgetActivities
@@ -117,6 +118,9 @@ FENCE_BREAKER = "fence-breaker"
 # (unless the policy's spare_for_idle_node): a spare brings a running job back at full size, and
 # one spent on capacity for the queue is not there for the next job that loses a node.
 IDLE_NODE_KEEPS_SPARE = "idle-node-keeps-spare"
+# Runs that start on this code run on the worker's policy (activities/policy.py), which the
+# starter's can only make safer; runs begun before keep the policy their starter sent.
+POLICY_FROM_WORKER = "policy-from-worker"
 # A spare another incident is claiming is tried again after its claim ends: every so often, a few times.
 CLAIM_BUSY_WAIT = timedelta(seconds=1)
 CLAIM_BUSY_PASSES = 10
@@ -156,6 +160,7 @@ class NodeRecoveryWorkflow:
         self._fence_in_one_task = False
         self._fence_breaker = False
         self._idle_node_keeps_spare = False
+        self._policy_from_worker = False
         self._fence_scope: FenceScope | None = None
 
     @workflow.signal
@@ -420,6 +425,13 @@ class NodeRecoveryWorkflow:
 
     @workflow.run
     async def run(self, req: RecoveryRequest) -> IncidentReport:
+        self._ask_patches()
+        if self._policy_from_worker:
+            # A local activity, the run's first command: what follows it asks no patch.
+            req = req.model_copy(update={"policy": await workflow.execute_local_activity_method(
+                PolicyActivities.incident_policy, req.policy, summary="The worker's policy for this incident",
+                start_to_close_timeout=timedelta(seconds=10), retry_policy=RetryPolicy(maximum_attempts=5),
+            )})
         self._notify_enabled = req.policy.notify
         try:
             report = await self._handle(req)
@@ -444,16 +456,19 @@ class NodeRecoveryWorkflow:
         await self._audit.flush()
         return report
 
-    async def _handle(self, req: RecoveryRequest) -> IncidentReport:
-        # Every patch is asked here, in the first activation, before the first command. One asked
-        # after a local activity can land in the next workflow task: a query that arrives as the
-        # activity ends makes the SDK (1.35) complete the task with the activity's marker, and the
-        # workflow sees the result in the task after. On replay it sees it in the first task,
-        # before that task's patches are known, and takes the old path (a nondeterminism error).
+    def _ask_patches(self) -> None:
+        """Every patch is asked here, in the first activation, before the first command. One asked
+        after a local activity can land in the next workflow task: a query that arrives as the
+        activity ends makes the SDK (1.35) complete the task with the activity's marker, and the
+        workflow sees the result in the task after. On replay it sees it in the first task, before
+        that task's patches are known, and takes the old path (a nondeterminism error)."""
         self._fewer_round_trips = workflow.patched(FEWER_ROUND_TRIPS)
         self._fence_in_one_task = workflow.patched(FENCE_IN_ONE_TASK)
         self._fence_breaker = workflow.patched(FENCE_BREAKER)
         self._idle_node_keeps_spare = workflow.patched(IDLE_NODE_KEEPS_SPARE)
+        self._policy_from_worker = workflow.patched(POLICY_FROM_WORKER)
+
+    async def _handle(self, req: RecoveryRequest) -> IncidentReport:
         # The fence's local activities carry the incident id to Slurm before the first workflow task
         # is recorded: a worker that dies in that task leaves the next to run it again, at a later
         # now(). The run's start time is the same in every attempt; runs begun before keep now().

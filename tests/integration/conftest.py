@@ -34,7 +34,9 @@ def stack_settings(local_stack, cluster: dict[str, str], task_queue: str, **over
         verify_deadline_seconds=120,
         spare_wait_seconds=60,
         operator_keys_file=local_stack.operator_keys_file,
-        **overrides,
+        # As the local stack's worker: the tests set a policy per incident (test_worker_owns_the_policy.py
+        # is about a worker that does not take it).
+        **{"accept_starter_policy": True, **overrides},
     )
 
 

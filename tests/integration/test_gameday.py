@@ -72,7 +72,9 @@ def test_every_game_day_scenario_meets_its_objectives(tmp_path):
     assert storm["incidents"]["measured"] == str(STORM_FAILURES)
     assert storm["handled"]["measured"] == str(STORM_FAILURES)
     assert len(by_name["storm-20"]["incidents"]) == STORM_FAILURES
-    assert storm["spares_claimed"]["measured"] == 2
+    # A spare for each incident with a job on its node (1 or 2, as Slurm packs the two jobs); the
+    # idle nodes' incidents leave the spares on standby.
+    assert storm["spares_claimed"]["met"] and storm["spares_claimed"]["measured"] in (1, 2), storm["spares_claimed"]
     # 20 fences at once pass the default breaker's limit of 10: 10 are held, none drained, until the
     # game's operator resets it.
     assert storm["breaker_held"]["measured"] == f"{STORM_FAILURES - 10} held, 0 drained"

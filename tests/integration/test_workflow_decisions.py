@@ -23,6 +23,7 @@ from temporalio.worker import Worker
 
 from activities.audit import write_audit
 from activities.operators import OperatorActivities, OperatorKeys
+from activities.policy import PolicyActivities
 from contracts.audit import configure_sink, remove_sink
 from contracts.kubernetes import K8sNodeRequest, K8sUnfenceResult
 from contracts.models import (
@@ -172,8 +173,11 @@ class StandIns:
         # write_audit and verify_decision are the real ones: the incident's decisions go to the audit
         # log, and an operator's is verified against an operator list, as in production.
         verify_decision = OperatorActivities(OperatorKeys(operators().operator_keys_file)).verify_decision
+        # The incident's policy is the one each test starts it with (as on a drill's worker).
+        incident_policy = PolicyActivities(RecoveryPolicy(), accept_starter_policy=True).incident_policy
         return [classify_fault, count_application_incidents, record_incident, return_to_service, drain_node, mark_node_down, find_jobs, signal_job, wait_for_checkpoint,
-                requeue_job, request_replacement, wait_for_spare, verify_restart, write_audit, verify_decision]
+                requeue_job, request_replacement, wait_for_spare, verify_restart, write_audit, verify_decision,
+                incident_policy]
 
 
 @functools.cache

@@ -109,3 +109,15 @@ def test_a_new_key_is_private_to_its_owner_and_signs(tmp_path):
         load_signing_key(tmp_path / "keys" / "alice.pub")
     with pytest.raises(ValueError, match="RECOVERY_OPERATOR_KEY_FILE is not set"):
         operator_signer(None, "alice")
+
+
+def test_a_starter_can_only_make_the_workers_policy_safer():
+    from contracts.models import RecoveryPolicy
+
+    worker = RecoveryPolicy(approval_required=["replacement"], spare_nodes=["gpu-9"], degrading_grace_seconds=120)
+    asked = RecoveryPolicy(approval_required=["requeue"], spare_nodes=[], degrading_grace_seconds=0, dry_run=True,
+                           fleet_budget=False)
+    policy = worker.narrowed_by(asked)
+    assert policy.approval_required == ["replacement", "requeue"] and policy.dry_run
+    assert policy.spare_nodes == ["gpu-9"] and policy.degrading_grace_seconds == 120 and policy.fleet_budget
+    assert worker.narrowed_by(RecoveryPolicy()) == worker
