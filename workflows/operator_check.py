@@ -17,8 +17,8 @@ with workflow.unsafe.imports_passed_through():
     from contracts.operators import DecisionCheck, DecisionKind
     from workflows.audit_trail import AuditTrail
 
-# Runs that receive a decision on this code verify it first; a decision a run received before was
-# taken unverified, and replays so.
+# Runs whose first decision reaches this code verify every decision; a run that took one before
+# took it unverified and replays so (patched() keeps its first answer for the run).
 VERIFIED_OPERATORS = "verified-operators"
 VERIFY_CALL = dict(start_to_close_timeout=timedelta(seconds=10), schedule_to_close_timeout=timedelta(seconds=60),
                    retry_policy=RetryPolicy(maximum_attempts=3))
