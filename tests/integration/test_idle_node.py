@@ -9,8 +9,10 @@ import asyncio
 import pytest
 
 from backends.replacement import SPARE_STANDBY_REASON
+from backends.slurm.client import SlurmClient
 from contracts.models import IncidentReport, NodeFailureAlert
 from starter.alerts import raise_alert
+from starter.localstack import wait_async
 from tests.integration.conftest import Fleet, fleet
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]
@@ -22,9 +24,15 @@ async def fail_an_idle_node(f: Fleet, nth: int) -> IncidentReport:
     await f.drill.reset_cluster()  # no drill job anywhere, every compute node idle
     spares = f.drill.spare_nodes
     node = [n.name for n in await f.drill.slurm.list_nodes() if n.name not in spares][nth]
+    # A job cancelled by the reset may still be completing on it: it holds the node until it ends.
+    await wait_async(lambda: _no_job_on(f, node), 60, f"the jobs on {node} to end")
     alert = NodeFailureAlert(node=node, xid=79, source="test", actor="pytest", reason=f"XID 79 on idle {node}")
     handle = await raise_alert(f.drill.client, alert, f.settings.task_queue, f.drill.policy)
     return await asyncio.wait_for(handle.result(), 120)
+
+
+async def _no_job_on(f: Fleet, node: str) -> bool:
+    return not await SlurmClient(f.drill.slurm).jobs_on_node(node)  # as the incident's find_jobs sees it
 
 
 def phase_result(report: IncidentReport, name: str) -> str | None:
