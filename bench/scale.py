@@ -257,7 +257,9 @@ def scale_worker(nodes: int, latency: dict[str, float], address: str, call_log: 
            "RECOVERY_HEALTH_CHECK": "", "RECOVERY_LOG_LEVEL": "WARNING", "PYTHONPATH": str(REPO),
            "RECOVERY_BUDGET_MAX_NODES": str(nodes), "RECOVERY_BUDGET_PARTITION_FRACTION": "1",
            "RECOVERY_BUDGET_MAX_DISRUPTED_JOBS": str(nodes), "RECOVERY_BREAKER_MAX_FENCES": str(nodes),
-           "RECOVERY_BREAKER_FLEET_FRACTION": "1", "RECOVERY_BREAKER_PARTITION_FRACTION": "1"}
+           "RECOVERY_BREAKER_FLEET_FRACTION": "1", "RECOVERY_BREAKER_PARTITION_FRACTION": "1",
+           # Each incident names its own spare (one per node of the harness): a drill worker's setting.
+           "RECOVERY_ACCEPT_STARTER_POLICY": "true"}
     with process(argv, env, log, cwd=REPO) as proc:
         yield proc
 

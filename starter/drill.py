@@ -390,12 +390,14 @@ class SimulatedKubernetes:
 
     def _worker_settings(self) -> Settings:
         """As the local stack's worker process is configured (LocalStack.worker_env)."""
-        cluster = self._drill.cluster
+        cluster, stack = self._drill.cluster, self._drill.stack
+        stack.ensure_operator_key()
         return load_settings(
             SLURM_CONF=cluster["SLURM_CONF"], SLURM_BIN_DIR=cluster.get("SLURM_BIN_DIR", ""),
             SLURMRESTD_URL=cluster["SLURMRESTD_URL"], SLURMRESTD_USER=cluster["SLURMRESTD_USER"],
-            SLURMRESTD_TOKEN_FILE=cluster["SLURMRESTD_TOKEN_FILE"], health_check=self._drill.stack.health_check,
+            SLURMRESTD_TOKEN_FILE=cluster["SLURMRESTD_TOKEN_FILE"], health_check=stack.health_check,
             task_queue=self.task_queue,  # the fleet budget runs where its incidents do
+            operator_keys_file=stack.operator_keys_file, accept_starter_policy=True,
         )
 
     async def check(self, report: IncidentReport, run: DrillRun) -> list[DrillCheck]:
