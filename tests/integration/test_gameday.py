@@ -75,6 +75,9 @@ def test_every_game_day_scenario_meets_its_objectives(tmp_path):
     # A spare for each incident with a job on its node (1 or 2, as Slurm packs the two jobs); the
     # idle nodes' incidents leave the spares on standby.
     assert storm["spares_claimed"]["met"] and storm["spares_claimed"]["measured"] in (1, 2), storm["spares_claimed"]
-    # 20 fences at once pass the default breaker's limit of 10: 10 are held, none drained, until the
-    # game's operator resets it.
-    assert storm["breaker_held"]["measured"] == f"{STORM_FAILURES - 10} held, 0 drained"
+    # 20 fences at once pass the default breaker's limit of 10 (less the earlier scenarios' fences
+    # still in its 300 s window): those past it are held, none drained, until the game's operator
+    # resets it (again, if the held ones trip it once more).
+    held = int(storm["breaker_held"]["measured"].split()[0])
+    assert storm["breaker_held"]["met"] and storm["breaker_held"]["measured"] == f"{held} held, 0 drained"
+    assert STORM_FAILURES - 10 <= held < STORM_FAILURES, storm["breaker_held"]
