@@ -39,10 +39,10 @@ from workflows.spare_claim import spare_claim_workflow_id
 from worker import activities_for, build_slurm, build_worker
 
 REPO = Path(__file__).resolve().parents[2]
-# In the incident's trace: its own activities, the fleet budget's lease and the audit line of
-# its outcome (a local activity). The budget's own workflow has a trace of its own. No
-# quarantined_among: the lease's answer says which spares are lemons.
-ACTIVITIES_OF_A_FATAL_XID = {"classify_fault", "drain_node", "find_jobs", "fence_scope", "request_lease",
+# In the incident's trace: the worker's policy read at its start, its own activities, the fleet
+# budget's lease and the audit line of its outcome (a local activity). The budget's own workflow
+# has a trace of its own. No quarantined_among: the lease's answer says which spares are lemons.
+ACTIVITIES_OF_A_FATAL_XID = {"incident_policy", "classify_fault", "drain_node", "find_jobs", "fence_scope", "request_lease",
                              "signal_job", "requeue_job", "mark_node_down", "request_replacement",
                              "wait_for_spare", "verify_restart", "record_incident", "write_audit"}
 
