@@ -602,7 +602,7 @@ def _decision_command(name: str, what: str) -> None:
                reason: str = typer.Option(..., help="why: recorded with the decision"),
                actor: str | None = ACTOR_OPTION,
                as_json: bool = JSON_OPTION) -> None:
-        OperatorDecision(actor=actor or "unnamed", reason=reason)  # a bad reason or actor: exit 2 before anything
+        OperatorDecision(actor="unnamed" if actor is None else actor, reason=reason)  # a bad reason or actor: exit 2 before anything
         _run(_decide(name, incident, actor, reason, as_json))
 
 
@@ -654,7 +654,7 @@ async def _release_quarantine(node: str, actor: str | None, reason: str, as_json
     from workflows.fleet_budget import fleet_budget_workflow_id
 
     try:
-        QuarantineRelease(node=node, actor=actor or "unnamed", reason=reason)
+        QuarantineRelease(node=node, actor="unnamed" if actor is None else actor, reason=reason)
     except ValidationError as e:
         raise BadInput(f"release-quarantine: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}") from None
     settings = load_settings()
@@ -687,7 +687,7 @@ async def _reset_breaker(actor: str | None, reason: str, as_json: bool) -> int:
     from workflows.fleet_budget import fleet_budget_workflow_id
 
     try:
-        BreakerReset(actor=actor or "unnamed", reason=reason)
+        BreakerReset(actor="unnamed" if actor is None else actor, reason=reason)
     except ValidationError as e:
         raise BadInput(f"reset-breaker: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}") from None
     settings = load_settings()
