@@ -172,6 +172,7 @@ class FleetBudgetWorkflow:
     def _only_a_quarantined_node(self, release: QuarantineRelease) -> None:
         if (why := self._why_not_quarantined(release)) is not None:
             raise ValueError(why)
+        self._operators.still_heard()
 
     def _why_not_quarantined(self, release: QuarantineRelease) -> str | None:
         return None if self._ledger.quarantined(release.node) else f"node {release.node} is not quarantined"
@@ -189,6 +190,7 @@ class FleetBudgetWorkflow:
     def _only_a_tripped_breaker(self, reset: BreakerReset) -> None:
         if self._ledger.state.breaker is None:
             raise ValueError(NOT_TRIPPED)
+        self._operators.still_heard()
 
     @workflow.update
     def set_policy(self, policy: BudgetPolicy) -> BudgetStatus:

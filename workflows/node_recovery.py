@@ -202,6 +202,7 @@ class NodeRecoveryWorkflow:
     def _something_awaits_approval(self, decision: OperatorDecision) -> None:
         if (why := self._why_no_approval()) is not None:
             raise ValueError(why)
+        self._operators.still_heard()
 
     def _why_no_approval(self) -> str | None:
         if self._awaiting is None or self._answer is not None:
@@ -231,6 +232,7 @@ class NodeRecoveryWorkflow:
     def _still_running(self, decision: OperatorDecision) -> None:
         if (why := self._why_not_abortable()) is not None:
             raise ValueError(why)
+        self._operators.still_heard()
 
     def _why_not_abortable(self) -> str | None:
         if self._outcome is not None or self._abort is not None:

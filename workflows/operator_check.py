@@ -1,7 +1,8 @@
 """An operator's decision counts only once the worker has verified its signature
 (contracts/operators.py): the incident's approve, deny and abort, the fleet budget's breaker reset
-and quarantine release. A refused decision is audited (the first REFUSALS_AUDITED of a run: a
-sender cannot grow the audit log without bound either) and the update fails with why."""
+and quarantine release. A refused decision is audited and the update fails with why; past
+REFUSALS_HEARD of them a run refuses the next ones in its validators, unheard and unaudited, so
+that no sender can grow its history or the audit log without bound."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ with workflow.unsafe.imports_passed_through():
 VERIFIED_OPERATORS = "verified-operators"
 VERIFY_CALL = dict(start_to_close_timeout=timedelta(seconds=10), schedule_to_close_timeout=timedelta(seconds=60),
                    retry_policy=RetryPolicy(maximum_attempts=3))
-REFUSALS_AUDITED = 20
+REFUSALS_HEARD = 20
 DECISION_REFUSED = "DecisionRefused"
 
 
@@ -30,6 +31,13 @@ class OperatorCheck:
     def __init__(self, audit: AuditTrail) -> None:
         self._audit = audit
         self.refused = 0
+
+    def still_heard(self) -> None:
+        """For an update's validator: past REFUSALS_HEARD refused decisions, a run refuses the next
+        ones unheard (a validator's refusal writes nothing to the history). Each heard decision adds
+        events to the history, and anyone who can write to the namespace can send them."""
+        if self.refused >= REFUSALS_HEARD:
+            raise ValueError(f"{self.refused} operator decisions were refused in this run: it hears no more")
 
     async def verified(self, kind: DecisionKind, actor: str, reason: str, signature: OperatorSignature | None,
                        subject: str = "", *, incident: str | None = None, node: str | None = None) -> str | None:
@@ -47,8 +55,7 @@ class OperatorCheck:
         if verdict.verified:
             return verdict.detail
         self.refused += 1
-        if self.refused <= REFUSALS_AUDITED:
-            self._audit.decision(f"{kind}_refused", incident=incident, node=node, reason=verdict.detail,
-                                 result="refused", actor=actor, actor_kind="unverified",
-                                 parameters={"claimed_reason": reason, "subject": subject})
+        self._audit.decision(f"{kind}_refused", incident=incident, node=node, reason=verdict.detail,
+                             result="refused", actor=actor, actor_kind="unverified",
+                             parameters={"claimed_reason": reason, "subject": subject})
         raise ApplicationError(f"{kind} refused: {verdict.detail}", type=DECISION_REFUSED, non_retryable=True)

@@ -61,6 +61,7 @@ from starter.alerts import raise_alert
 from starter.decisions import decide
 from starter.localstack import LocalStack
 from workflows.node_recovery import NodeRecoveryWorkflow
+from workflows.operator_check import REFUSALS_HEARD
 from workflows.return_to_service import ReturnToServiceWorkflow
 from workflows.spare_claim import SpareClaimWorkflow
 
@@ -567,3 +568,24 @@ async def test_return_to_service_unfences_the_kubernetes_node_once_healthy(time_
         )
     assert looks == ["health", "slurm", "health", "slurm", "health", "unfence k8s-gpu-2", "slurm"], (looks, result)
     assert result.returned and [a.action for a in result.actions] == ["unfence_k8s_node"]
+
+
+async def test_a_flood_of_forged_decisions_stops_being_heard_and_the_history_stays_small(temporal_env):
+    """Each heard decision adds to the run's history; after REFUSALS_HEARD refusals the validator
+    refuses the rest unheard, and the history no longer grows. On the real dev server: the
+    time-skipping server writes a workflow task for an update its validator refuses."""
+    async with incident(temporal_env, StandIns(FaultClass.FATAL), xid=79, approval_required=["requeue"],
+                        approval_timeout_seconds=20) as handle:
+        await until_awaiting(handle, "requeue")
+        forged = OperatorDecision(actor="alice", reason=REASON)
+        for _ in range(REFUSALS_HEARD):
+            with pytest.raises(WorkflowUpdateFailedError) as refused:
+                await handle.execute_update(NodeRecoveryWorkflow.approve, forged)
+            assert "approve refused: not signed" in str(refused.value.cause)
+        length = (await handle.describe()).raw_description.workflow_execution_info.history_length
+        for _ in range(50):
+            with pytest.raises(WorkflowUpdateFailedError) as unheard:
+                await handle.execute_update(NodeRecoveryWorkflow.approve, forged)
+            assert "were refused in this run: it hears no more" in str(unheard.value.cause)
+        assert (await handle.describe()).raw_description.workflow_execution_info.history_length == length
+    # The gate took the policy's answer (deny) when its deadline passed: nobody was heard.
