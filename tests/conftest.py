@@ -128,3 +128,21 @@ def pytest_cmdline_main(config):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(int(rc))
+
+
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failure's one-line summary names the project's own frames it passed through (CI shows the
+    summary whole, but only a part of the tracebacks): 'Timeout expired' alone says not which call."""
+    report = yield
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if report.failed and call.excinfo is not None and crash is not None:
+        ours = [f"{Path(entry.path).relative_to(PROJECT)}:{entry.lineno + 1}" for entry in call.excinfo.traceback
+                if Path(entry.path).is_relative_to(PROJECT) and ".venv" not in Path(entry.path).parts
+                and Path(entry.path) != Path(__file__)]
+        if ours:
+            crash.message = f"{crash.message} [at {' < '.join(reversed(ours[-3:]))}]"
+    return report

@@ -5,18 +5,34 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from datetime import timedelta
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 
 import pytest_asyncio
 from temporalio.client import WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.xid_policy import XidPolicyTable
+from contracts.models import IncidentStatus
 from contracts.settings import Settings
 from starter.drill import Drill
 from tests.replay.replaying import REPLAYABLE_PREFIX, assert_every_run_replays
 from worker import activities_for, build_slurm, build_worker, serving
 from workflows.fleet_budget import FleetBudgetWorkflow, fleet_budget_workflow_id
+from workflows.node_recovery import NodeRecoveryWorkflow
+
+
+async def status_if_answered(handle: WorkflowHandle) -> IncidentStatus | None:
+    """The incident's status, or None when no answer comes within 10 s, for a poll with a deadline of
+    its own: a query waits for the run's workflow task in flight, and on a loaded 2-core CI host
+    one call outran the client's own 30 s deadline ('Timeout expired')."""
+    try:
+        return await handle.query(NodeRecoveryWorkflow.status, rpc_timeout=timedelta(seconds=10))
+    except RPCError as error:
+        if error.status in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
+            return None
+        raise
 
 
 def stack_settings(local_stack, cluster: dict[str, str], task_queue: str, **overrides) -> Settings:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from temporalio import activity
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.worker import Worker
 
@@ -205,6 +205,8 @@ async def incident(env, stand_ins: StandIns, xid: int, grace: float = 600.0, *, 
                                 **{"search_attributes": False, "fleet_budget": False, **policy})
         handle = await raise_alert(env.client, alert, task_queue, policy)
         yield handle
+        if (await handle.describe()).status == WorkflowExecutionStatus.TERMINATED:
+            return  # the test ended it: there is nothing left to finish
         # Let the return-to-service child finish on this worker: an activity left without a
         # worker would stop the test server from skipping time for the next test.
         report = await handle.result()
@@ -574,8 +576,9 @@ async def test_a_flood_of_forged_decisions_stops_being_heard_and_the_history_sta
     """Each heard decision adds to the run's history; after REFUSALS_HEARD refusals the validator
     refuses the rest unheard, and the history no longer grows. On the real dev server: the
     time-skipping server writes a workflow task for an update its validator refuses."""
+    # The gate's deadline is far off: its timer firing would add to the history being measured.
     async with incident(temporal_env, StandIns(FaultClass.FATAL), xid=79, approval_required=["requeue"],
-                        approval_timeout_seconds=20) as handle:
+                        approval_timeout_seconds=3600) as handle:
         await until_awaiting(handle, "requeue")
         forged = OperatorDecision(actor="alice", reason=REASON)
         for _ in range(REFUSALS_HEARD):
@@ -588,4 +591,6 @@ async def test_a_flood_of_forged_decisions_stops_being_heard_and_the_history_sta
                 await handle.execute_update(NodeRecoveryWorkflow.approve, forged)
             assert "were refused in this run: it hears no more" in str(unheard.value.cause)
         assert (await handle.describe()).raw_description.workflow_execution_info.history_length == length
-    # The gate took the policy's answer (deny) when its deadline passed: nobody was heard.
+        status = await handle.query(NodeRecoveryWorkflow.status)
+        assert status.awaiting_approval is not None and status.awaiting_approval.gate == "requeue"  # nobody was heard
+        await handle.terminate("the test is over")

@@ -29,7 +29,7 @@ from starter.hooks.server import build_app, listening
 from starter.hooks.settings import HookSettings
 from starter.hooks.testing import alertmanager_payload, dcgm_alert
 from starter.localstack import wait_async
-from tests.integration.conftest import cluster_of_its_own, stack_settings
+from tests.integration.conftest import cluster_of_its_own, stack_settings, status_if_answered
 from tests.integration.test_fleet_budget import webhook_server
 from worker import activities_for, build_slurm, serving
 from workflows.fleet_budget import FleetBudgetWorkflow, fleet_budget_workflow_id
@@ -94,9 +94,14 @@ async def test_one_request_for_every_node_drains_half_and_holds_the_rest(tempora
         in_slurm = {n.name: n for n in await slurm.list_nodes()}
         assert not [node for node in held if in_slurm[node].drained or in_slurm[node].state == "down"]
         for node in held:  # waiting at the breaker gate, for a reset or an operator
-            incident = await temporal_env.client.get_workflow_handle(incident_workflow_id(node)).query(
-                NodeRecoveryWorkflow.status)
-            assert incident.phase == "breaker" and incident.awaiting_approval.gate == "breaker"
+            incident = temporal_env.client.get_workflow_handle(incident_workflow_id(node))
+
+            async def at_the_breaker_gate():  # the budget holds it first; the incident then hears so
+                status = await status_if_answered(incident)
+                return status if status is not None and status.awaiting_approval is not None else None
+
+            status = await wait_async(at_the_breaker_gate, 60, f"{node}'s incident to wait at the breaker gate")
+            assert status.phase == "breaker" and status.awaiting_approval.gate == "breaker"
 
         async def breaker_notified():
             sent = [Notification.model_validate_json(body) for _, body in received]

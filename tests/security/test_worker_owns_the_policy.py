@@ -14,8 +14,7 @@ from contracts.models import RecoveryPolicy
 from starter.decisions import decide
 from starter.drill import DrillOptions
 from starter.localstack import wait_async
-from tests.integration.conftest import fleet
-from workflows.node_recovery import NodeRecoveryWorkflow
+from tests.integration.conftest import fleet, status_if_answered
 
 pytestmark = pytest.mark.slurm
 
@@ -39,8 +38,8 @@ async def test_a_starter_cannot_take_a_gate_away_but_can_ask_for_a_dry_run(tempo
         run = await f.drill.start(DrillOptions(xid=79))
 
         async def at_the_gate():
-            status = await run.handle.query(NodeRecoveryWorkflow.status)
-            return status if status.awaiting_approval is not None else None
+            status = await status_if_answered(run.handle)
+            return status if status is not None and status.awaiting_approval is not None else None
 
         status = await wait_async(at_the_gate, 120, "the incident to wait at the worker's replacement gate")
         assert status.awaiting_approval.gate == "replacement"
