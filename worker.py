@@ -30,6 +30,7 @@ from activities.notify import NotifyActivities
 from activities.operators import OperatorActivities, OperatorKeys
 from activities.policy import PolicyActivities
 from activities.kubernetes import KubernetesActivities
+from activities.job_recovery import JobRecoveryActivities
 from activities.jobs import JobActivities
 from activities.replacement import ReplacementActivities
 from activities.telemetry import TelemetryActivities
@@ -46,6 +47,7 @@ from contracts.settings import ConfigError, Settings, load_settings, load_teleme
 from observability.metrics import DEFAULT as DEFAULT_METRICS, RecoveryMetrics
 from observability.telemetry import Telemetry
 from workflows.fleet_budget import FleetBudgetWorkflow, fleet_budget_workflow_id
+from workflows.job_recovery import JobRecoveryWorkflow
 from workflows.node_recovery import NodeRecoveryWorkflow
 from workflows.notify import NotificationWorkflow
 from workflows.return_to_service import ReturnToServiceWorkflow
@@ -165,6 +167,7 @@ def activities_for(settings: Settings, slurm: SlurmClient, temporal: Client,
         jobs.wait_for_checkpoint,
         jobs.requeue_job,
         jobs.verify_restart,
+        *JobRecoveryActivities(temporal, settings.task_queue).all(),
         replacement.request_replacement,
         replacement.wait_for_spare,
         replacement.check_node_health,
@@ -230,7 +233,7 @@ def build_worker(client: Client, task_queue: str, activities: list, **options) -
         task_queue=task_queue,
         workflow_runner=WORKFLOW_RUNNER,
         workflows=[NodeRecoveryWorkflow, ReturnToServiceWorkflow, FleetBudgetWorkflow, NotificationWorkflow,
-                   SpareClaimWorkflow],
+                   SpareClaimWorkflow, JobRecoveryWorkflow],
         activities=activities,
         # After a crash the next workflow task would wait this long on the dead worker's sticky queue.
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),

@@ -75,44 +75,67 @@ class JobActivities:
 
     @activity.defn
     async def requeue_job(self, req: RequeueRequest) -> RequeueResult:
-        """Requeue held, keep the job off the failed node, release. Safe to retry: Slurm's own
-        restart count tells whether an earlier attempt already requeued the job."""
+        """Requeue held, keep the job off its failed nodes, release. Safe to retry: Slurm's own
+        restart count tells whether an earlier attempt (or another node's incident) already
+        requeued the job since the snapshot `req.job`."""
         job_id, ctx, actions = req.job.job_id, req.ctx, []
         if ctx.dry_run:
             return await self._plan_requeue(req)
+        failed = req.failed_nodes
         job = await self._slurm.get_job(job_id)
         requeued_now = False
         if job.restart_count == req.job.restart_count:
-            if job.state not in ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"):
-                actions.append(record("requeue_job", f"job {job_id}", "none", ctx,
-                                      f"not requeued: job is {job.state} ({job.state_reason})"))
-                return RequeueResult(job_id=job_id, requeued_now=False,
-                                     restart_count=job.restart_count, actions=actions)
-            call = await self._slurm.requeue_hold(job_id)
-            actions.append(record("requeue_hold", f"job {job_id}", call, ctx,
-                                  "requeued in held state so it cannot start before it is kept off the node"))
-            requeued_now = True
+            if job.state == "PENDING":
+                pass  # not started again since: keep it off the failed nodes below
+            elif job.state not in ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"):
+                return self._left(job, actions, ctx, f"not requeued: job is {job.state} ({job.state_reason})")
+            elif not set(job.nodes) & set(failed):
+                return self._left(job, actions, ctx, f"not requeued: job runs on {','.join(job.nodes)}, "
+                                  f"off the failed node(s) {','.join(failed)}")
+            else:
+                call = await self._slurm.requeue_hold(job_id)
+                actions.append(record("requeue_hold", f"job {job_id}", call, ctx,
+                                      "requeued in held state so it cannot start before it is kept off the node"))
+                requeued_now = True
         else:
             actions.append(record("requeue_hold", f"job {job_id}", "none", ctx,
                                   f"already requeued by an earlier attempt (restart count {job.restart_count})"))
         job = await self._wait_until_pending(job_id)
         # Every process of the job has exited now: no checkpoint of this run can appear any more.
         at_stop = await self._latest_complete_before_restart(req.job, job.restart_count)
-        if req.failed_node not in job.excluded_nodes:
-            excluded = sorted({*job.excluded_nodes, req.failed_node})
-            call = await self._slurm.set_excluded_nodes(job_id, excluded)
-            actions.append(record("exclude_nodes", f"job {job_id}", call, ctx, f"ExcNodeList={','.join(excluded)}"))
-        if job.held:
+        if job.state == "PENDING":  # Slurm refuses ExcNodeList for a job that started
+            # The job's other nodes fenced by their own incidents meanwhile, which may join later.
+            fenced = await self._fenced_by_recovery(req.job.nodes, ctx.owner, failed)
+            excluded = sorted({*job.excluded_nodes, *failed, *fenced})
+            if excluded != sorted(job.excluded_nodes):
+                call = await self._slurm.set_excluded_nodes(job_id, excluded)
+                actions.append(record("exclude_nodes", f"job {job_id}", call, ctx, f"ExcNodeList={','.join(excluded)}"
+                                      + (f" ({', '.join(fenced)} fenced by their own incidents)" if fenced else "")))
+        if job.held and job.restart_count != req.job.restart_count:  # held by a requeue, not by its owner
             call = await self._slurm.release_job(job_id)
             actions.append(record("release_job", f"job {job_id}", call, ctx, "released to run elsewhere"))
         return RequeueResult(job_id=job_id, requeued_now=requeued_now, restart_count=job.restart_count,
                              latest_complete_at_stop=at_stop, actions=actions)
 
+    async def _fenced_by_recovery(self, nodes: list[str], owner: str, failed: list[str]) -> list[str]:
+        """Those of `nodes`, beyond `failed`, that an incident has drained or marked down (its reason says so)."""
+        others = set(nodes) - set(failed)
+        if not others:
+            return []
+        return sorted(node.name for node in await self._slurm.list_nodes()
+                      if node.name in others and (node.drained or node.state == "down")
+                      and node.reason.startswith(f"{owner}: XID"))
+
+    @staticmethod
+    def _left(job: SlurmJob, actions: list[ActionRecord], ctx, why: str) -> RequeueResult:
+        actions.append(record("requeue_job", f"job {job.job_id}", "none", ctx, why))
+        return RequeueResult(job_id=job.job_id, requeued_now=False, restart_count=job.restart_count, actions=actions)
+
     async def _plan_requeue(self, req: RequeueRequest) -> RequeueResult:
         """Dry-run: the three calls a requeue makes, described and not made; the job keeps running."""
         slurm, job_id, ctx = self._slurm.planning(), req.job.job_id, req.ctx
         job = await slurm.get_job(job_id)
-        excluded = sorted({*job.excluded_nodes, req.failed_node})
+        excluded = sorted({*job.excluded_nodes, *req.failed_nodes})
         actions = [
             record("requeue_hold", f"job {job_id}", await slurm.requeue_hold(job_id), ctx,
                    "would requeue in held state"),
@@ -169,8 +192,8 @@ class JobActivities:
             return gone, True
         if job.state != "RUNNING":
             why.append(f"job is {job.state} ({job.state_reason}), not RUNNING")
-        if req.failed_node in job.nodes:
-            why.append(f"job runs on the failed node {req.failed_node}")
+        if on_failed := [node for node in req.failed_nodes if node in job.nodes]:
+            why.append(f"job runs on the failed node {','.join(on_failed)}")
         if job.restart_count != req.expected_restart_count:
             why.append(f"restart count is {job.restart_count}, expected {req.expected_restart_count}")
         result = JobVerification(

@@ -137,6 +137,9 @@ class LeaseRequest(Contract):
     run_id: str = Field(pattern=RUN_ID_PATTERN, description="its run (a UUID): a closed run loses its lease")
     partitions: list[PartitionShare] = Field(default_factory=list)
     running_jobs: int = Field(ge=0, description="jobs the remediation will disrupt")
+    job_ids: list[int] = Field(
+        default_factory=list, max_length=1000,
+        description="those jobs' ids: a node whose jobs a held lease disrupts already disrupts nothing more")
     approval: OperatorDecision | None = Field(
         None, description="an operator's approval to go over budget, or past a tripped breaker "
         "(granted at once, recorded as theirs)")

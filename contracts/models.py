@@ -360,6 +360,11 @@ class RequeueRequest(Contract):
     job: SlurmJob
     failed_node: NodeName
     ctx: ActionContext
+    also_failed: list[NodeName] = Field(default_factory=list, description="the job's other failed nodes")
+
+    @property
+    def failed_nodes(self) -> list[str]:
+        return sorted({self.failed_node, *self.also_failed})
 
 
 class ReplacementRequest(Contract):
@@ -378,11 +383,17 @@ class VerifyRequest(Contract):
     failed_node: NodeName
     requeue: "RequeueResult"
     deadline_seconds: float
+    also_failed: list[NodeName] = Field(default_factory=list, description="the job's other failed nodes")
+    restart_count: int | None = Field(None, description="the restart count the requeue left; None: the snapshot's + 1")
 
     @property
     def expected_restart_count(self) -> int:
-        """Recovery requeues a job exactly once."""
-        return self.snapshot.job.restart_count + 1
+        """An incident requeues its job once; a job's recovery (workflows/job_recovery.py) says what it left."""
+        return self.restart_count if self.restart_count is not None else self.snapshot.job.restart_count + 1
+
+    @property
+    def failed_nodes(self) -> list[str]:
+        return sorted({self.failed_node, *self.also_failed})
 
 
 # --- what activities report back -------------------------------------------------------------
@@ -513,6 +524,39 @@ class JobVerification(Contract):
     progress_step_after: int | None = None
 
 
+class PeerIncident(Contract):
+    """Another node of the same job that failed, and its incident."""
+
+    node: NodeName
+    incident_id: str
+
+
+class JobJoin(Contract):
+    """An incident's part in the recovery of a job that ran on its node (workflows/job_recovery.py)."""
+
+    incident_id: str
+    node: NodeName
+    snapshot: JobSnapshot
+    ctx: ActionContext
+    verify_deadline_seconds: float
+
+
+class JobRequeued(Contract):
+    """The requeue that took the job off a joined incident's node."""
+
+    run_id: str = Field(description="the job recovery's run: its result is the job's verification")
+    requeue: RequeueResult
+    failed_together: list[PeerIncident]
+
+
+class JobRecovered(Contract):
+    """A job recovery's end: its last requeue and the verification of the restart it led to."""
+
+    requeue: RequeueResult
+    verification: JobVerification
+    failed_together: list[PeerIncident]
+
+
 # --- the incident, as the workflow shows and reports it ---------------------------------------
 
 
@@ -565,6 +609,8 @@ class JobReport(Contract):
     lost_seconds: float | None = None
     skipped_checkpoints: list[SkippedCheckpoint] = Field(default_factory=list)
     time_to_resume_seconds: float | None = None
+    failed_together: list[PeerIncident] = Field(
+        default_factory=list, description="the job's other failed nodes and their incidents: one requeue, one verification for all")
 
 
 class IncidentReport(Contract):

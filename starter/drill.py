@@ -130,13 +130,8 @@ class Drill:
         `before_fault(job, node)` lets a test set a scene (say, an operator's drain) first; with
         `kubernetes`, the incident runs on Slurm on Kubernetes."""
         fault_class = self.xid_table.classify(opts.xid).fault_class
-        await self.reset_cluster()
-        run_dir = self.stack.drills_dir / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
-        job_id = await self.submit_reference_job(run_dir, opts)
-        self._log(f"reference job {job_id} submitted across 2 nodes; checkpoints in {run_dir}")
-        job = await wait_async(lambda: self._running(job_id), 60, f"job {job_id} to run")
-        await wait_async(lambda: self._complete_checkpoints(run_dir, opts.checkpoints_before_failure), 120,
-                         f"{opts.checkpoints_before_failure} complete checkpoints")
+        job, run_dir = await self.start_training(opts)
+        job_id = job.job_id
         node = opts.node or job.nodes[-1]
         self._log(f"job {job_id} runs on {','.join(job.nodes)}; failing {node} with XID {opts.xid} ({fault_class})")
         if before_fault is not None:
@@ -184,6 +179,17 @@ class Drill:
                            corrupted_checkpoint=run.corrupted, checks=checks)
 
     # --- set-up --------------------------------------------------------------------------------
+
+    async def start_training(self, opts: DrillOptions) -> tuple[SlurmJob, Path]:
+        """A clean cluster and the reference job training across 2 nodes, with its first checkpoints."""
+        await self.reset_cluster()
+        run_dir = self.stack.drills_dir / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        job_id = await self.submit_reference_job(run_dir, opts)
+        self._log(f"reference job {job_id} submitted across 2 nodes; checkpoints in {run_dir}")
+        job = await wait_async(lambda: self._running(job_id), 60, f"job {job_id} to run")
+        await wait_async(lambda: self._complete_checkpoints(run_dir, opts.checkpoints_before_failure), 120,
+                         f"{opts.checkpoints_before_failure} complete checkpoints")
+        return job, run_dir
 
     async def reset_cluster(self) -> None:
         """Back to the drill's starting point: no drill jobs, no faults, every compute node in

@@ -41,6 +41,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.xid_policy import XidPolicyTable
 from contracts.models import IncidentReport, NodeFailureAlert, RecoveryPolicy, SlurmJob
@@ -48,6 +49,7 @@ from starter.alerts import raise_alert
 from starter.drill import Drill, DrillOptions, DrillResult, DrillRun
 from starter.faults import activity_starts, kill_worker, wait_for_history_point, worker_identities
 from starter.localstack import LocalStack, StackError, wait_async
+from workflows.job_recovery import job_recovery_workflow_id
 
 Comparison = Literal["<=", "==", ">="]
 
@@ -575,9 +577,16 @@ async def save_histories(client: Client, label: str, incident: WorkflowHandle, r
     directory.mkdir(parents=True, exist_ok=True)
     handles = [incident] + ([client.get_workflow_handle(report.return_to_service)] if report.return_to_service else [])
     handles += [client.get_workflow_handle(budget) for budget in await signalled_workflows(incident)]
+    task_queue = (await incident.describe()).task_queue
+    handles += [client.get_workflow_handle(job_recovery_workflow_id(task_queue, job.job_id)) for job in report.jobs]
     written = []
     for handle in handles:
-        description = await handle.describe()
+        try:
+            description = await handle.describe()
+        except RPCError as err:  # a job requeued by its incident alone (a dry run, or a run begun before)
+            if err.status == RPCStatusCode.NOT_FOUND:
+                continue
+            raise
         path = directory / f"{label}.{description.workflow_type}.json"
         path.write_text(json.dumps((await handle.fetch_history()).to_json_dict(), indent=1) + "\n")
         written.append(path)

@@ -105,14 +105,15 @@ class BudgetLease:
         return await self._ask_approved(decision, lambda: not self.fence_held)
 
     async def request(self, incident_id: str, node: str, partitions: list[PartitionShare],
-                      running_jobs: int, in_task: bool = False) -> LeaseState:
+                      job_ids: list[int], in_task: bool = False) -> LeaseState:
         """Ask for the lease; the budget's answer comes within moments: granted, or waiting and why.
         `in_task`: ask by local activities, within the workflow task (NodeRecoveryWorkflow's
         FENCE_IN_ONE_TASK), this time and every time after."""
         self._in_task = in_task
         info = workflow.info()
         self._request = LeaseRequest(incident_id=incident_id, node=node, workflow_id=info.workflow_id,
-                                     run_id=info.run_id, partitions=partitions, running_jobs=running_jobs)
+                                     run_id=info.run_id, partitions=partitions, running_jobs=len(job_ids),
+                                     job_ids=job_ids)
         await self._ask_until(lambda: self.state is not None and not self.state.fencing, ANSWER_WITHIN)
         assert self.state is not None
         return self.state

@@ -60,12 +60,13 @@ class BudgetLedger:
         # scans made a workflow task of a storm's requests outlast Temporal's 2 s deadlock limit
         # at N = 1,000. Lookup by incident; waiting in arrival order; holders in
         # the order of their grant (time only grows, so the first holder's lease expires first);
-        # holders per partition.
+        # holders per partition and per job.
         self._active_by_incident = {lease.state.incident_id: lease for lease in state.leases}
         self._waiting = {lease.state.incident_id: lease for lease in state.leases if lease.state.waiting}
         self._holding = {lease.state.incident_id: lease for lease in sorted(
             (lease for lease in state.leases if lease.state.granted), key=lambda lease: lease.state.granted_at)}
         self._held_per_partition = Counter(p for lease in self._holding.values() for p in set(lease.state.partitions))
+        self._held_jobs = Counter(job for lease in self._holding.values() for job in set(lease.request.job_ids))
         self._fence_held = {lease.state.incident_id: lease for lease in state.leases if lease.state.fence_held}
 
     @property
@@ -270,6 +271,10 @@ class BudgetLedger:
         held = len(self._holding)
         if held >= policy.max_nodes:
             return BlockedBy.MAX_NODES, f"{held} of {policy.max_nodes} nodes already under remediation"
+        if self._disrupted_already(req):
+            # Another node of the same jobs (nodes of one job fail together): holding this one back
+            # spares no job and lets the requeued jobs start again on a failed node.
+            return None
         if req.running_jobs:
             if jobs_held_back:
                 return BlockedBy.DISRUPTED_JOBS, "behind an earlier request waiting for the disrupted-jobs budget"
@@ -353,16 +358,20 @@ class BudgetLedger:
 
     def _grant(self, lease: Lease, now: datetime, approval: OperatorDecision | None = None) -> TimelineEvent:
         state = lease.state
+        shared = self._disrupted_already(lease.request)  # before it holds the lease itself
         if approval is not None:
             state.over_budget, state.granted_by = True, approval.actor
             state.reason = f"approved over budget by {approval.actor}: {approval.reason} (was waiting: {state.reason})"
         else:
-            state.granted_by, state.reason = "policy", "within budget"
+            state.granted_by = "policy"
+            state.reason = ("within budget: its jobs are under remediation already, on another of their nodes"
+                            if shared else "within budget")
         state.status, state.granted_at, state.blocked_by = LeaseStatus.GRANTED, now, None
         del self._waiting[state.incident_id]
         self._holding[state.incident_id] = lease
         self._held_per_partition.update(set(state.partitions))
-        if lease.request.running_jobs:
+        self._held_jobs.update(set(lease.request.job_ids))
+        if lease.request.running_jobs and not shared:
             self.state.disruptions = self._disruptions_in_window(now) + [
                 Disruption(incident_id=state.incident_id, at=now, jobs=lease.request.running_jobs)]
         return self._event(TimelineKind.GRANTED, now, lease, actor=state.granted_by,
@@ -381,10 +390,17 @@ class BudgetLedger:
         self._fence_held.pop(state.incident_id, None)
         if self._holding.pop(state.incident_id, None) is not None:
             self._held_per_partition.subtract(set(state.partitions))
+            self._held_jobs.subtract(set(lease.request.job_ids))
         state.status, state.ended_at, state.reason, state.blocked_by = status, now, reason, None
         self.state.finished.append(state)
         del self.state.finished[:-FINISHED_KEPT]
         return [self._event(kind, now, lease, detail=reason)]
+
+    def _disrupted_already(self, req: LeaseRequest) -> bool:
+        """Every job the request would disrupt is under the remediation of a lease held already."""
+        if not req.job_ids or len(req.job_ids) < req.running_jobs:
+            return False
+        return all(self._held_jobs[job] for job in req.job_ids)
 
     # Readers never prune the state (queries call them); the deciding methods store what they keep.
 

@@ -23,6 +23,7 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.fencing import FencingActivities
+    from activities.job_recovery import JobRecoveryActivities
     from activities.jobs import JobActivities
     from activities.policy import PolicyActivities
     from activities.replacement import ReplacementActivities
@@ -44,12 +45,15 @@ with workflow.unsafe.imports_passed_through():
         FaultClassification,
         IncidentReport,
         IncidentStatus,
+        JobJoin,
+        JobRequeued,
         JobSnapshot,
         JobVerification,
         NodeFailureAlert,
         NodeFenceResult,
         NodeRequest,
         OperatorDecision,
+        PeerIncident,
         Phase,
         RecoveryPolicy,
         RecoveryRequest,
@@ -80,6 +84,7 @@ with workflow.unsafe.imports_passed_through():
         K8S_HEARTBEAT,
         K8S_REPLACEMENT,
         K8S_RETRY,
+        JOB_RECOVERY_CALL,
         SLURM_CALL,
         SLURM_QUICK_TRY,
         SLURM_RETRY,
@@ -121,6 +126,10 @@ IDLE_NODE_KEEPS_SPARE = "idle-node-keeps-spare"
 # Runs that start on this code run on the worker's policy (activities/policy.py), which the
 # starter's can only make safer; runs begun before keep the policy their starter sent.
 POLICY_FROM_WORKER = "policy-from-worker"
+# Runs that start on this code requeue and verify each job through its JobRecoveryWorkflow, which
+# every incident on the job's nodes joins: nodes of one job fail together, and the job must be
+# requeued once, kept off each of them, and verified once. Runs begun before requeue it themselves.
+JOBS_RECOVERED_TOGETHER = "jobs-recovered-together"
 # A spare another incident is claiming is tried again after its claim ends: every so often, a few times.
 CLAIM_BUSY_WAIT = timedelta(seconds=1)
 CLAIM_BUSY_PASSES = 10
@@ -161,6 +170,9 @@ class NodeRecoveryWorkflow:
         self._fence_breaker = False
         self._idle_node_keeps_spare = False
         self._policy_from_worker = False
+        self._jobs_together = False
+        self._job_recoveries: dict[int, JobRequeued] = {}
+        self._failed_together: dict[int, list[PeerIncident]] = {}
         self._fence_scope: FenceScope | None = None
 
     @workflow.signal
@@ -329,7 +341,7 @@ class NodeRecoveryWorkflow:
         answers (no deadline). Returns an operator's denial, or None once the lease is held.
         `partitions`: the node's partitions being read already, or None to read them now."""
         shares = await (partitions if partitions is not None else self._read_partitions(node))
-        lease = await self._lease.request(self._incident_id, node, shares, running_jobs=len(jobs),
+        lease = await self._lease.request(self._incident_id, node, shares, job_ids=[snap.job.job_id for snap in jobs],
                                           in_task=self._fence_in_one_task)
         if lease.waiting:
             self._note(f"over budget, waiting drained with nothing killed: {lease.reason}")
@@ -469,6 +481,7 @@ class NodeRecoveryWorkflow:
         self._fence_breaker = workflow.patched(FENCE_BREAKER)
         self._idle_node_keeps_spare = workflow.patched(IDLE_NODE_KEEPS_SPARE)
         self._policy_from_worker = workflow.patched(POLICY_FROM_WORKER)
+        self._jobs_together = workflow.patched(JOBS_RECOVERED_TOGETHER)
 
     async def _handle(self, req: RecoveryRequest) -> IncidentReport:
         # The fence's local activities carry the incident id to Slurm before the first workflow task
@@ -565,7 +578,7 @@ class NodeRecoveryWorkflow:
                                           "stopping their processes") == "deny":
             return self._finish(first, action, f"denied: requeue ({self._decisions[-1].actor}: "
                                 f"{self._decisions[-1].reason}); node stays drained, jobs left running", [], None)
-        requeued = await self._step("requeue", self._requeue(jobs, req.node, ctx))
+        requeued = await self._step("requeue", self._requeue(jobs, req.node, ctx, policy))
         if fence.owned_by_other:
             self._skip("mark_down", "left as found: drained by someone else")
         else:
@@ -880,13 +893,17 @@ class NodeRecoveryWorkflow:
                 if not w.done():
                     w.cancel()
 
-    async def _requeue(self, jobs: list[JobSnapshot], node: str, ctx: ActionContext) -> list[RequeueResult]:
+    async def _requeue(self, jobs: list[JobSnapshot], node: str, ctx: ActionContext,
+                       policy: RecoveryPolicy) -> list[RequeueResult]:
         """A final failure of one requeue ends the incident, with the actions of the others."""
-        outcomes = await self._for_each_job(jobs, lambda snap: workflow.execute_activity_method(
-            JobActivities.requeue_job, RequeueRequest(job=snap.job, failed_node=node, ctx=ctx),
-            summary=f"Requeue job {snap.job.job_id} away from {node}",
-            heartbeat_timeout=HEARTBEAT, **SLURM_CALL,
-        ))
+        if self._jobs_together and not ctx.dry_run:
+            outcomes = await self._for_each_job(jobs, lambda snap: self._join_job_recovery(snap, node, ctx, policy))
+        else:
+            outcomes = await self._for_each_job(jobs, lambda snap: workflow.execute_activity_method(
+                JobActivities.requeue_job, RequeueRequest(job=snap.job, failed_node=node, ctx=ctx),
+                summary=f"Requeue job {snap.job.job_id} away from {node}",
+                heartbeat_timeout=HEARTBEAT, **SLURM_CALL,
+            ))
         results = [outcome for outcome in outcomes if isinstance(outcome, RequeueResult)]
         for result in results:
             self._actions.extend(result.actions)
@@ -896,8 +913,33 @@ class NodeRecoveryWorkflow:
         self._note(f"{len(jobs)} job(s) requeued off {node}")
         return results
 
+    async def _join_job_recovery(self, snap: JobSnapshot, node: str, ctx: ActionContext,
+                                 policy: RecoveryPolicy) -> RequeueResult:
+        """The job's requeue off this node, by the job's recovery that the incidents on its nodes share."""
+        joined = self._job_recoveries[snap.job.job_id] = await workflow.execute_activity_method(
+            JobRecoveryActivities.join_job_recovery,
+            JobJoin(incident_id=self._incident_id, node=node, snapshot=snap, ctx=ctx,
+                    verify_deadline_seconds=policy.verify_deadline_seconds),
+            summary=f"Requeue job {snap.job.job_id} away from {node} with its other failed nodes",
+            heartbeat_timeout=HEARTBEAT, **JOB_RECOVERY_CALL,
+        )
+        self._failed_together[snap.job.job_id] = joined.failed_together
+        return joined.requeue
+
+    async def _verify_together(self, job_id: int, deadline: float) -> JobVerification:
+        recovered = await workflow.execute_activity_method(
+            JobRecoveryActivities.job_verification, args=[job_id, self._job_recoveries[job_id].run_id],
+            summary=f"Wait for job {job_id}'s verification by its recovery",
+            start_to_close_timeout=timedelta(seconds=2 * deadline + 600),
+            heartbeat_timeout=HEARTBEAT, retry_policy=SLURM_RETRY,
+        )
+        self._failed_together[job_id] = recovered.failed_together
+        return recovered.verification
+
     async def _verify(self, jobs: list[JobSnapshot], requeued: list[RequeueResult], node: str,
                       deadline: float) -> list[JobVerification]:
+        if self._job_recoveries:
+            return [await self._verify_together(snap.job.job_id, deadline) for snap in jobs]
         results = []
         for snap, requeue in zip(jobs, requeued):
             results.append(await workflow.execute_activity_method(
@@ -926,6 +968,7 @@ class NodeRecoveryWorkflow:
             jobs=self._jobs, verifications=verifications, spare=spare, alerts=self._alerts.kept(), alert_counts=self._alerts.counts(),
             actions=self._actions,
             decisions=self._decisions, return_to_service=self._return_to_service,
+            failed_together=self._failed_together,
         )
 
 

@@ -18,6 +18,7 @@ from contracts.models import (
     JobSnapshot,
     JobVerification,
     NodeFailureAlert,
+    PeerIncident,
     Phase,
     SpareResult,
 )
@@ -74,9 +75,12 @@ def build_report(
     actions: list[ActionRecord],
     decisions: list[DecisionRecord] | None = None,
     return_to_service: str | None = None,
+    failed_together: dict[int, list[PeerIncident]] | None = None,
 ) -> IncidentReport:
     by_id = {v.job_id: v for v in verifications}
     job_reports = [job_report(s, by_id.get(s.job.job_id), failure_at) for s in jobs]
+    for job in job_reports:
+        job.failed_together = [peer for peer in (failed_together or {}).get(job.job_id, []) if peer.node != node]
     report = IncidentReport(
         incident_id=incident_id, node=node, xid=classification.xid, fault_class=classification.fault_class,
         action=action, outcome=outcome, failure_at=failure_at, phases=phases, jobs=job_reports,

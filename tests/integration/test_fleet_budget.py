@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import uuid
+import zlib
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
@@ -104,6 +105,11 @@ class StandInPlan(BaseModel):
     hold_seconds: float = Field(60.0, description="the lease, or until the `finish` signal")
     check_quarantine: bool = False
 
+    @property
+    def job_ids(self) -> list[int]:
+        """Jobs of its own: no other stand-in's remediation disrupts them."""
+        return [zlib.crc32(f"{self.incident_id}/{job}".encode()) for job in range(self.running_jobs)]
+
 
 class StandInResult(BaseModel):
     answer: LeaseState = Field(description="the budget's answer to the request")
@@ -136,7 +142,7 @@ class StandInIncident:
         if plan.delay_seconds:
             await workflow.sleep(plan.delay_seconds)
         try:
-            answer = await self._lease.request(plan.incident_id, plan.node, plan.partitions, plan.running_jobs)
+            answer = await self._lease.request(plan.incident_id, plan.node, plan.partitions, plan.job_ids)
             held = await self._lease.wait_granted()
             with suppress(TimeoutError):
                 await workflow.wait_condition(lambda: self._finish, timeout=plan.hold_seconds)

@@ -22,6 +22,7 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.worker import Worker
 
 from activities.audit import write_audit
+from activities.job_recovery import JobRecoveryActivities
 from activities.operators import OperatorActivities, OperatorKeys
 from activities.policy import PolicyActivities
 from contracts.audit import configure_sink, remove_sink
@@ -60,6 +61,7 @@ from contracts.models import (
 from starter.alerts import raise_alert
 from starter.decisions import decide
 from starter.localstack import LocalStack
+from workflows.job_recovery import JobRecoveryWorkflow
 from workflows.node_recovery import NodeRecoveryWorkflow
 from workflows.operator_check import REFUSALS_HEARD
 from workflows.return_to_service import ReturnToServiceWorkflow
@@ -196,8 +198,8 @@ async def incident(env, stand_ins: StandIns, xid: int, grace: float = 600.0, *, 
     message); yields its workflow handle."""
     task_queue = f"decisions-{uuid.uuid4()}"
     async with Worker(env.client, task_queue=task_queue,
-                      workflows=[NodeRecoveryWorkflow, ReturnToServiceWorkflow, SpareClaimWorkflow],
-                      activities=stand_ins.activities()):
+                      workflows=[NodeRecoveryWorkflow, ReturnToServiceWorkflow, SpareClaimWorkflow, JobRecoveryWorkflow],
+                      activities=[*stand_ins.activities(), *JobRecoveryActivities(env.client, task_queue).all()]):
         alert = alert or NodeFailureAlert(node=node, xid=xid, gpu=gpu, message=message, source="test", actor="pytest")
         # The time-skipping test server cannot register search attributes; the fleet budget's
         # part in an incident is tested on the real stack (test_incident_safety.py).

@@ -34,11 +34,14 @@ def ledger(**policy) -> BudgetLedger:
 
 
 def request(n: int, node: str | None = None, jobs: int = 0, partitions: dict[str, int] | None = None,
-            incident: str | None = None, run_id: str = RUN_1) -> LeaseRequest:
+            incident: str | None = None, run_id: str = RUN_1, job_ids: list[int] | None = None) -> LeaseRequest:
+    """`jobs` of the node's own (ids 100 n, 100 n + 1, ...), or the jobs `job_ids`."""
     node = node or f"gpu-{n}"
+    job_ids = job_ids if job_ids is not None else [100 * n + job for job in range(jobs)]
     return LeaseRequest(
         incident_id=incident or f"{node}-incident-{n}", node=node, workflow_id=f"node-recovery-{node}", run_id=run_id,
-        partitions=[PartitionShare(name=p, size=s) for p, s in (partitions or {}).items()], running_jobs=jobs)
+        partitions=[PartitionShare(name=p, size=s) for p, s in (partitions or {}).items()],
+        running_jobs=len(job_ids), job_ids=job_ids)
 
 
 def ask(book: BudgetLedger, req: LeaseRequest, at: datetime = T0):
@@ -115,6 +118,34 @@ def test_a_request_waiting_for_jobs_budget_is_not_overtaken_by_smaller_ones():
     assert big.waiting and small.waiting
     assert small.reason == "behind an earlier request waiting for the disrupted-jobs budget"
     assert ask(book, request(4, jobs=0)).granted  # needs none of the jobs budget
+
+
+def test_another_node_of_jobs_under_remediation_passes_the_partition_and_jobs_budgets_not_max_nodes():
+    """Nodes of one job fail together (issue #29): holding the second back spares no job, and the
+    job requeued off the first would start again on it."""
+    book = ledger(max_nodes=3, partition_fraction=0.1, max_disrupted_jobs=1)
+    gpu = {"gpu": 4}  # a share of one node
+    first = ask(book, request(1, partitions=gpu, job_ids=[7]))
+    second = ask(book, request(2, partitions=gpu, job_ids=[7]))
+    assert first.granted and second.granted, second
+    assert second.reason == "within budget: its jobs are under remediation already, on another of their nodes"
+    assert book.disrupted_jobs(T0) == 1  # job 7, once
+    # A node with a job of its own besides is another disruption: held back as any other.
+    mixed = ask(book, request(3, partitions=gpu, job_ids=[7, 8]))
+    assert mixed.waiting and mixed.blocked_by == BlockedBy.DISRUPTED_JOBS, mixed
+    assert ask(book, request(4, partitions=gpu, job_ids=[7])).granted  # not behind `mixed`: it adds nothing
+    # The node cap holds for all.
+    fifth = ask(book, request(5, partitions=gpu, job_ids=[7]))
+    assert fifth.waiting and fifth.blocked_by == BlockedBy.MAX_NODES, fifth
+    for done in (first, second):
+        book.release(done.incident_id, "done", T0)
+    assert book.lease_state(fifth.incident_id).granted  # the fourth still holds job 7
+    assert book.lease_state(mixed.incident_id).waiting
+    # Once no lease holds job 7, its next node is a disruption like any other.
+    for done in ("gpu-4-incident-4", fifth.incident_id):
+        book.release(done, "done", T0)
+    later = ask(book, request(6, partitions=gpu, job_ids=[7]))
+    assert later.waiting and later.blocked_by == BlockedBy.DISRUPTED_JOBS, later
 
 
 def test_a_repeated_request_gets_the_same_lease_never_a_second():
@@ -258,7 +289,7 @@ def test_a_ledger_continued_from_its_state_decides_as_the_live_one(seed):
         continued = BudgetLedger(live.state.model_copy(deep=True), "fleet-budget-test", "first-run")
         choice = rng.random()
         if choice < 0.5 or not asked:
-            req = request(step, node=f"gpu-{rng.randrange(12)}", jobs=rng.choice([0, 1, 3]),
+            req = request(step, node=f"gpu-{rng.randrange(12)}", job_ids=rng.choice([[], [1], [2], [1, 2], [step]]),
                           partitions=rng.choice([{}, {"a": 4}, {"b": 8}, {"a": 4, "b": 8}]))
             asked.append(req)
             act = lambda book: book.request(req, now)  # noqa: E731

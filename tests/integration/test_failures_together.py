@@ -1,0 +1,102 @@
+"""Nodes of one job fail together (issue #29, item 1): each node has its incident, and they share the
+job's recovery (workflows/job_recovery.py), so the job is requeued once, kept off every failed
+node and verified once, and every incident ends with its node DOWN and a report that names the
+others. Before: the second incident took the job's restart count for its own earlier attempt and
+retried ExcNodeList on the running job for ten minutes, then failed with its node never DOWN.
+Real Slurm, the real reference training job, real dev server; the host's generation and the newest."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from contracts.models import IncidentReport, NodeFailureAlert
+from starter.alerts import raise_alert
+from starter.drill import DrillOptions
+from starter.localstack import wait_async
+from tests.integration.conftest import Fleet, fleet, status_if_answered
+
+pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]
+
+
+async def fail(f: Fleet, node: str):
+    """XID 79 on the node: its GPU is gone (the reference job stalls there) and the alert is sent."""
+    f.drill.inject_fault(node, 79, gpu_lost=True)
+    alert = NodeFailureAlert(node=node, xid=79, source="test", actor="pytest", reason=f"XID 79 on {node}")
+    return await raise_alert(f.drill.client, alert, f.settings.task_queue, f.drill.policy)
+
+
+def peers(report: IncidentReport) -> list[tuple[str, str]]:
+    [job] = report.jobs
+    return [(peer.node, peer.incident_id) for peer in job.failed_together]
+
+
+async def assert_down(f: Fleet, report: IncidentReport) -> None:
+    assert [a.action for a in report.actions if a.action == "down_node"] == ["down_node"], report.actions
+    node = await f.drill.slurm.get_node(report.node)
+    assert node.state == "down" and not node.in_service, node
+
+
+async def test_two_nodes_of_one_job_fail_together_and_the_job_is_requeued_and_verified_once(
+        temporal_env, local_stack, slurm_cluster):
+    async with fleet(temporal_env, local_stack, slurm_cluster) as f:
+        job, _ = await f.drill.start_training(DrillOptions())
+        first, second = job.nodes
+        handles = await asyncio.gather(fail(f, first), fail(f, second))  # within milliseconds
+        reports = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 300)
+
+        after = await f.drill.slurm.get_job(job.job_id)
+        assert after.state == "RUNNING" and after.restart_count == job.restart_count + 1, after  # requeued once
+        assert not {first, second} & set(after.nodes) and {first, second} <= set(after.excluded_nodes), after
+        for report, other in zip(reports, reversed(reports)):
+            [job_report] = report.jobs
+            assert job_report.verified and job_report.restart_count == after.restart_count, job_report
+            assert peers(report) == [(other.node, other.incident_id)]
+            await assert_down(f, report)
+        # One spare on standby: one incident brought it in, the other found none, and the job runs on either way.
+        assert sorted(r.outcome.split(":")[0] for r in reports) == ["no_replacement", "recovered"], \
+            [r.outcome for r in reports]
+        await f.drill.slurm.run("scancel", str(job.job_id))
+
+
+async def test_a_node_that_fails_while_the_first_incident_verifies_gets_the_job_requeued_off_both(
+        temporal_env, local_stack, slurm_cluster):
+    """The job is requeued off its first failed node and restarts on its other node and the spare,
+    where it stalls: that node's GPU was failing too, its alert is late. The first incident's
+    verification waits for training progress; the late alert's incident joins, the job is requeued
+    again off both nodes and the one verification is of that restart."""
+    async with fleet(temporal_env, local_stack, slurm_cluster) as f:
+        job, _ = await f.drill.start_training(DrillOptions())
+        late, first = job.nodes
+        # Only the job's other node and the spare are free to run it after the first requeue.
+        others = [n.name for n in await f.drill.slurm.list_nodes()
+                  if n.name not in job.nodes and n.name not in f.drill.spare_nodes]
+        for node in others:
+            await f.drill.slurm.update_node(node, "DRAIN", "maintenance: the test keeps the job off it")
+        f.drill.inject_fault(late, 79, gpu_lost=True)  # failing already, not yet reported
+        first_incident = await fail(f, first)
+
+        async def verifying_a_stalled_restart():
+            status = await status_if_answered(first_incident)
+            restarted = await f.drill.slurm.get_job(job.job_id)
+            return (status is not None and status.phase == "verify" and restarted.state == "RUNNING"
+                    and late in restarted.nodes)
+
+        await wait_async(verifying_a_stalled_restart, 180, f"the first incident to verify the job restarted on {late}")
+        late_incident = await fail(f, late)
+        for node in others:
+            await f.drill.slurm.update_node(node, "RESUME", None)
+        reports = await asyncio.wait_for(asyncio.gather(first_incident.result(), late_incident.result()), 300)
+
+        after = await f.drill.slurm.get_job(job.job_id)
+        assert after.state == "RUNNING" and after.restart_count == job.restart_count + 2, after  # once per node
+        assert not {first, late} & set(after.nodes) and {first, late} <= set(after.excluded_nodes), after
+        for report, other in zip(reports, reversed(reports)):
+            [job_report] = report.jobs
+            assert job_report.verified and job_report.restart_count == after.restart_count, job_report
+            assert peers(report) == [(other.node, other.incident_id)]
+            await assert_down(f, report)
+        assert reports[0].outcome == "recovered" and reports[1].outcome.startswith("no_replacement"), \
+            [r.outcome for r in reports]
+        await f.drill.slurm.run("scancel", str(job.job_id))
