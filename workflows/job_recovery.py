@@ -132,4 +132,4 @@ class JobRecoveryWorkflow:
         return any(node not in self._covered for node in self._joined)
 
     def _peers(self) -> list[PeerIncident]:
-        return [PeerIncident(node=join.node, incident_id=join.incident_id) for join in self._joined.values()]
+        return [PeerIncident(node=node, incident_id=self._joined[node].incident_id) for node in sorted(self._joined)]

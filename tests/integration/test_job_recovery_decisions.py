@@ -118,20 +118,21 @@ def failed_nodes(req: RequeueRequest | VerifyRequest) -> list[str]:
 async def test_incidents_on_one_job_share_its_requeue_and_its_one_verification(temporal_env):
     slurm = SlurmStandIn()
     async with job_recovery(temporal_env, slurm) as jobs:
-        first, second = await asyncio.gather(jobs.join("gpu-1"), jobs.join("gpu-2"))
-        assert first.run_id == second.run_id
-        # One requeue, or a second one that adds the node that joined while the first ran.
-        assert [failed_nodes(r) for r in slurm.requeues][-1] == ["gpu-1", "gpu-2"], slurm.requeues
+        first, second, third = await asyncio.gather(jobs.join("gpu-1"), jobs.join("gpu-2"), jobs.join("gpu-3"))
+        assert first.run_id == second.run_id == third.run_id
+        # One requeue, or more that add the nodes that joined while one ran.
+        assert [failed_nodes(r) for r in slurm.requeues][-1] == ["gpu-1", "gpu-2", "gpu-3"], slurm.requeues
         assert slurm.requeues[0].job.restart_count == 0
         # A repeated join (the incident's activity retried after a crash) is the same request: nothing more.
         requeues = len(slurm.requeues)
         assert await jobs.join("gpu-1") == first and len(slurm.requeues) == requeues
-        results = await asyncio.gather(jobs.verify(first.run_id), jobs.verify(second.run_id))
-        assert results[0] == results[1]
-        assert len(slurm.verifications) == 1 and failed_nodes(slurm.verifications[0]) == ["gpu-1", "gpu-2"]
+        results = await asyncio.gather(*(jobs.verify(joined.run_id) for joined in (first, second, third)))
+        assert results[0] == results[1] == results[2]
+        assert len(slurm.verifications) == 1
+        assert failed_nodes(slurm.verifications[0]) == ["gpu-1", "gpu-2", "gpu-3"]
         assert slurm.verifications[0].expected_restart_count == slurm.requeues[-1].job.restart_count + 1
         assert [(p.node, p.incident_id) for p in results[0].failed_together] == [
-            ("gpu-1", "gpu-1-20261204T000000Z"), ("gpu-2", "gpu-2-20261204T000000Z")]
+            (node, f"{node}-20261204T000000Z") for node in ("gpu-1", "gpu-2", "gpu-3")]
 
 
 async def test_a_node_that_joins_during_the_verification_gets_a_requeue_and_the_verification_is_redone(temporal_env):
