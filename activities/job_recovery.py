@@ -66,7 +66,10 @@ class JobRecoveryActivities:
 
 
 def _final(cause: BaseException | None) -> ApplicationError:
-    """The job recovery's refusal or failure, as the incident's final failure of this step."""
+    """The job recovery's refusal or failure, as the incident's final failure of this step: a
+    failed requeue keeps its cause's type (SlurmUnavailable, ...), as the incident's own would."""
+    if isinstance(cause, ApplicationError) and cause.type:
+        return ApplicationError(cause.message, type=cause.type, non_retryable=True)
     message = cause.message if isinstance(cause, FailureError) else str(cause)
     return ApplicationError(f"the job's recovery: {message}", type="JobRecoveryFailed", non_retryable=True)
 

@@ -24,6 +24,7 @@ from contracts.models import (
     CheckpointWaitResult,
     JobSnapshot,
     JobVerification,
+    PinnedJobs,
     RequeueRequest,
     RequeueResult,
     SignalRequest,
@@ -33,6 +34,9 @@ from contracts.models import (
 )
 
 POLL_SECONDS = 0.5
+# Why a pending job waits, where Slurm says it never starts as it is: no deadline needs waiting out.
+NEVER_STARTS = frozenset({"BadConstraints", "PartitionConfig", "DependencyNeverSatisfied", "InvalidAccount",
+                          "InvalidQOS"})
 
 
 class JobActivities:
@@ -83,6 +87,8 @@ class JobActivities:
             return await self._plan_requeue(req)
         failed = req.failed_nodes
         job = await self._slurm.get_job(job_id)
+        if req.pinned_jobs == PinnedJobs.LEAVE and (pinned := _pinned_to(job, failed)):
+            return self._left(job, actions, ctx, _left_pinned_why(job, pinned), left_pinned_to=pinned)
         requeued_now = False
         if job.restart_count == req.job.restart_count:
             if job.state == "PENDING":
@@ -107,6 +113,8 @@ class JobActivities:
             # The job's other nodes fenced by their own incidents meanwhile, which may join later.
             fenced = await self._fenced_by_recovery(req.job.nodes, ctx.owner, failed)
             excluded = sorted({*job.excluded_nodes, *failed, *fenced})
+            if pinned := _pinned_to(job, excluded):  # first: Slurm would keep it PENDING (BadConstraints)
+                actions.append(await self._unpin(job, pinned, ctx))
             if excluded != sorted(job.excluded_nodes):
                 call = await self._slurm.set_excluded_nodes(job_id, excluded)
                 actions.append(record("exclude_nodes", f"job {job_id}", call, ctx, f"ExcNodeList={','.join(excluded)}"
@@ -126,19 +134,32 @@ class JobActivities:
                       if node.name in others and (node.drained or node.state == "down")
                       and node.reason.startswith(f"{owner}: XID"))
 
+    async def _unpin(self, job: SlurmJob, pinned: list[str], ctx, slurm: SlurmClient | None = None) -> ActionRecord:
+        kept = [node for node in job.required_nodes if node not in pinned]
+        call = await (slurm or self._slurm).set_required_nodes(job.job_id, kept)
+        return record("unpin_job", f"job {job.job_id}", call, ctx,
+                      f"ReqNodeList={','.join(kept) or '(none)'}: it was pinned to the failed node(s) "
+                      f"{','.join(pinned)} (policy pinned_jobs=unpin)")
+
     @staticmethod
-    def _left(job: SlurmJob, actions: list[ActionRecord], ctx, why: str) -> RequeueResult:
+    def _left(job: SlurmJob, actions: list[ActionRecord], ctx, why: str,
+              left_pinned_to: list[str] | None = None) -> RequeueResult:
         actions.append(record("requeue_job", f"job {job.job_id}", "none", ctx, why))
-        return RequeueResult(job_id=job.job_id, requeued_now=False, restart_count=job.restart_count, actions=actions)
+        return RequeueResult(job_id=job.job_id, requeued_now=False, restart_count=job.restart_count, actions=actions,
+                             left_pinned_to=left_pinned_to or [])
 
     async def _plan_requeue(self, req: RequeueRequest) -> RequeueResult:
         """Dry-run: the three calls a requeue makes, described and not made; the job keeps running."""
         slurm, job_id, ctx = self._slurm.planning(), req.job.job_id, req.ctx
         job = await slurm.get_job(job_id)
+        pinned = _pinned_to(job, req.failed_nodes)
+        if pinned and req.pinned_jobs == PinnedJobs.LEAVE:
+            return self._left(job, [], ctx, "would leave it: " + _left_pinned_why(job, pinned), left_pinned_to=pinned)
         excluded = sorted({*job.excluded_nodes, *req.failed_nodes})
         actions = [
             record("requeue_hold", f"job {job_id}", await slurm.requeue_hold(job_id), ctx,
                    "would requeue in held state"),
+            *([await self._unpin(job, pinned, ctx, slurm)] if pinned else []),
             record("exclude_nodes", f"job {job_id}", await slurm.set_excluded_nodes(job_id, excluded), ctx,
                    f"ExcNodeList={','.join(excluded)}"),
             record("release_job", f"job {job_id}", await slurm.release_job(job_id), ctx,
@@ -183,6 +204,12 @@ class JobActivities:
         """The verification as it stands now, and whether waiting longer could change it."""
         before = req.snapshot.job
         why: list[str] = []
+        if req.requeue.left_pinned_to:
+            left = JobVerification(job_id=before.job_id, verified=False, restart_count_before=before.restart_count,
+                                   restart_count_after=req.requeue.restart_count, nodes_before=before.nodes,
+                                   nodes_after=[], why_not=[f"not requeued: pinned to the failed node(s) "
+                                                            f"{','.join(req.requeue.left_pinned_to)} (policy pinned_jobs=leave)"])
+            return left, True
         try:
             job = await self._slurm.get_job(before.job_id)
         except SlurmNotFound:
@@ -209,6 +236,7 @@ class JobActivities:
             wrong_checkpoint
             or job.restart_count > req.expected_restart_count
             or job.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+            or (job.state == "PENDING" and job.state_reason in NEVER_STARTS)
         )
         return result, hopeless
 
@@ -237,3 +265,13 @@ class JobActivities:
         else:
             result.progress_step_after = progress.step
         return wrong_checkpoint
+
+
+def _pinned_to(job: SlurmJob, nodes: list[str]) -> list[str]:
+    """Those of `nodes` the job is pinned to (`sbatch -w`): kept off them, it would never start."""
+    return [node for node in job.required_nodes if node in nodes]
+
+
+def _left_pinned_why(job: SlurmJob, pinned: list[str]) -> str:
+    return (f"not requeued: pinned to the failed node(s) {','.join(pinned)} (ReqNodeList={','.join(job.required_nodes)}), "
+            "left as found (policy pinned_jobs=leave): it runs again only on its pinned nodes")

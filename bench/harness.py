@@ -26,7 +26,7 @@ from backends.slurm.api import NodeUpdate, SlurmCommandError, SlurmNotFound
 from contracts.models import Invocation, SlurmJob, SlurmNode
 
 OPERATIONS = ("get_node", "list_nodes", "list_jobs", "get_job", "update_node", "set_node_comment", "signal_job",
-              "requeue_hold", "set_excluded_nodes", "release_job")
+              "requeue_hold", "set_excluded_nodes", "set_required_nodes", "release_job")
 _HOLDS = ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")
 
 
@@ -178,6 +178,13 @@ class ScaleSlurm:
         if not self.dry_run:
             self.jobs[job_id] = job.model_copy(update={"excluded_nodes": list(nodes)})
         return self._write(f"set_excluded_nodes {job_id}")
+
+    async def set_required_nodes(self, job_id: int, nodes: list[str]) -> Invocation:
+        await self._call("set_required_nodes", str(job_id), ",".join(nodes))
+        job = self._job(job_id)
+        if not self.dry_run:
+            self.jobs[job_id] = job.model_copy(update={"required_nodes": list(nodes)})
+        return self._write(f"set_required_nodes {job_id}")
 
     async def release_job(self, job_id: int) -> Invocation:
         await self._call("release_job", str(job_id))

@@ -94,6 +94,7 @@ async def calibrate(bench: BenchStack, samples: int = 5) -> tuple[dict[str, floa
             await wait_async(lambda: _pending(bench, job_id), 30, f"job {job_id} to be requeued")
             for _ in range(samples // 2 + 1):  # Slurm takes excluded nodes only while a job is pending
                 await timed("set_excluded_nodes", slurm.set_excluded_nodes(job_id, [other]))
+                await timed("set_required_nodes", slurm.set_required_nodes(job_id, []))
             await timed("release_job", slurm.release_job(job_id))
         await slurm.set_node_comment(probes.node, "")
         paths = {op: slurm.path_for(op) for op in OPERATIONS}

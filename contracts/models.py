@@ -133,6 +133,14 @@ ApprovalGate = Literal["requeue", "replacement"]  # the gates a policy can requi
 Gate = Literal["requeue", "replacement", "budget", "breaker"]
 
 
+class PinnedJobs(StrEnum):
+    """A job pinned to its nodes (`sbatch -w`) that lost one: Slurm would keep it PENDING
+    (BadConstraints) for good once it is kept off the failed node."""
+
+    UNPIN = "unpin"  # requeue it with the failed nodes taken out of its pin (ReqNodeList), the rest kept
+    LEAVE = "leave"  # leave it as found and say why: it runs again only on its pinned nodes
+
+
 class RecoveryPolicy(Contract):
     """How an incident behaves; set by the starter from configuration, fixed for the run."""
 
@@ -147,6 +155,9 @@ class RecoveryPolicy(Contract):
         False, description="claim a hot spare also when no job was on the failed node (capacity for the queue); "
         "off: the spares stay on standby for an incident with a job to resume at full size")
     verify_deadline_seconds: float = Field(600.0, gt=0)
+    pinned_jobs: PinnedJobs = Field(
+        PinnedJobs.UNPIN, description="a job pinned to the failed node: requeued without that node in its pin "
+        "(unpin), or left as found (leave)")
     dry_run: bool = Field(False, description="observe mode: run every decision, record each action it "
                           "would take with its exact command, execute none")
     application_xid_threshold: int = Field(
@@ -178,10 +189,13 @@ class RecoveryPolicy(Contract):
         "off only where they cannot be registered (e.g. Temporal's time-skipping test server)")
 
     def narrowed_by(self, requested: RecoveryPolicy) -> RecoveryPolicy:
-        """This (the worker's) policy, made only safer by what a starter asked for: observe mode, and
-        more approval gates. Nothing a starter sends takes a gate away, adds a spare or shortens a wait."""
+        """This (the worker's) policy, made only safer by what a starter asked for: observe mode, more
+        approval gates, pinned jobs left as found. Nothing a starter sends takes a gate away, adds a
+        spare, shortens a wait or changes a job the worker would leave."""
         gates = self.approval_required + [g for g in requested.approval_required if g not in self.approval_required]
-        return self.model_copy(update={"dry_run": self.dry_run or requested.dry_run, "approval_required": gates})
+        pinned = PinnedJobs.LEAVE if PinnedJobs.LEAVE in (self.pinned_jobs, requested.pinned_jobs) else self.pinned_jobs
+        return self.model_copy(update={"dry_run": self.dry_run or requested.dry_run, "approval_required": gates,
+                                       "pinned_jobs": pinned})
 
 
 class ApprovalRequest(Contract):
@@ -262,6 +276,7 @@ class SlurmJob(Contract):
     requeue: bool = True
     comment: str = ""
     excluded_nodes: list[str] = Field(default_factory=list)
+    required_nodes: list[str] = Field(default_factory=list, description="the nodes it is pinned to (ReqNodeList)")
     priority: int = 0
 
     @property
@@ -361,6 +376,7 @@ class RequeueRequest(Contract):
     failed_node: NodeName
     ctx: ActionContext
     also_failed: list[NodeName] = Field(default_factory=list, description="the job's other failed nodes")
+    pinned_jobs: PinnedJobs = PinnedJobs.UNPIN
 
     @property
     def failed_nodes(self) -> list[str]:
@@ -494,6 +510,8 @@ class RequeueResult(Contract):
         None, description="the newest complete checkpoint once every process of the job had exited"
     )
     actions: list[ActionRecord]
+    left_pinned_to: list[NodeName] = Field(
+        default_factory=list, description="the failed nodes the job is pinned to, where the policy left it")
 
 
 class ReplacementResult(Contract):
@@ -539,6 +557,7 @@ class JobJoin(Contract):
     snapshot: JobSnapshot
     ctx: ActionContext
     verify_deadline_seconds: float
+    pinned_jobs: PinnedJobs = PinnedJobs.UNPIN
 
 
 class JobRequeued(Contract):

@@ -25,7 +25,7 @@ from pydantic_settings import (
 )
 
 from contracts.budget import BudgetPolicy, WebhookTarget, partition_fractions_from
-from contracts.models import ApprovalGate, RecoveryPolicy, _check_node_name
+from contracts.models import ApprovalGate, PinnedJobs, RecoveryPolicy, _check_node_name
 from contracts.operators import parse_operator_keys
 from contracts.redaction import fingerprinted_url
 
@@ -103,6 +103,7 @@ class Settings(BaseSettings):
     spare_wait_seconds: float = 300.0
     spare_for_idle_node: bool = False
     verify_deadline_seconds: float = 600.0
+    pinned_jobs: PinnedJobs = PinnedJobs.UNPIN
     search_attributes: bool = True
     # Safety (RecoveryPolicy documents each): observe mode, approval gates, application XIDs, repair.
     dry_run: bool = False

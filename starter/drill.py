@@ -58,6 +58,7 @@ class DrillOptions(BaseModel):
     checkpoint_every: int = 10
     checkpoints_before_failure: int = 2
     timeout_seconds: float = 300.0
+    pinned_to: list[str] = Field(default_factory=list, description="the reference job's nodes, pinned (sbatch -w)")
 
 
 class DrillCheck(BaseModel):
@@ -225,6 +226,7 @@ class Drill:
         out = await self.slurm.run(
             "sbatch", "--parsable", f"--job-name={DRILL_JOB_NAME}", "--nodes=2", "--ntasks-per-node=1",
             "--requeue", f"--comment=checkpoint_dir={run_dir}", f"--chdir={run_dir}",
+            *([f"--nodelist={','.join(opts.pinned_to)}"] if opts.pinned_to else []),
             f"--output={run_dir}/slurm-%j.out",
             f"--export=ALL,PYTHONPATH={self.stack.trainer_pythonpath},TRAINER_PYTHON={self.stack.trainer_python}",
             str(self.stack.trainer_script),

@@ -2,7 +2,7 @@
 node's slurmd at a chosen point of an incident. Tests and game-day scenarios use it; nothing here
 changes the system under test, it only breaks the real processes it runs on.
 
-    await wait_for_history_point(handle, "requeue_job", "started", timeout=60)
+    await wait_for_history_point(handle, "mark_node_down", "started", timeout=60)
     pid = kill_worker(stack)         # SIGKILL the stack's worker process, return its pid
     restart_temporal(stack)          # kill -9 the dev server, start it again on the same sqlite file
     restart_slurmctld(stack, cluster)  # stop slurmctld, start it again on its saved state
@@ -33,12 +33,33 @@ from typing import Literal
 
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
 
 from starter.localstack import LocalStack, StackError, _wait_for, running_pid, wait_async
+from workflows.job_recovery import job_recovery_workflow_id
 
 HistoryPoint = Literal["scheduled", "started", "completed"]
 _POLL_SECONDS = 0.01
+# The incident's steps that its job's recovery runs (workflows/job_recovery.py): their points are
+# in that workflow's history.
+JOB_RECOVERY_ACTIVITIES = frozenset({"requeue_job", "verify_restart"})
+
+
+async def job_recovery_started(client: Client, task_queue: str, job_id: int, timeout: float) -> WorkflowHandle:
+    """The recovery of the job (where its requeue and verification run), once it has started."""
+    handle = client.get_workflow_handle(job_recovery_workflow_id(task_queue, job_id))
+
+    async def started() -> bool:
+        try:
+            return bool((await handle.describe()).run_id)
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+
+    await wait_async(started, timeout, f"{handle.id} to start")
+    return handle
 
 
 async def wait_for_history_point(handle: WorkflowHandle, activity_type: str, point: HistoryPoint,

@@ -46,7 +46,7 @@ class JobRecoveryWorkflow:
         self._joined: dict[str, JobJoin] = {}  # by node, in the order they joined
         self._covered: set[str] = set()  # the nodes the last requeue keeps the job off
         self._requeue: RequeueResult | None = None
-        self._failed: str | None = None
+        self._failed: tuple[str, str] | None = None  # the requeue's final failure: its type and message
         self._verify_asked = False
 
     @workflow.signal
@@ -60,7 +60,8 @@ class JobRecoveryWorkflow:
         self._joined.setdefault(join.node, join)
         await workflow.wait_condition(lambda: join.node in self._covered or self._failed is not None)
         if self._failed is not None:
-            raise ApplicationError(self._failed, type="JobRequeueFailed", non_retryable=True)
+            error_type, message = self._failed
+            raise ApplicationError(message, type=error_type, non_retryable=True)
         assert self._requeue is not None
         return JobRequeued(run_id=workflow.info().run_id, requeue=self._requeue, failed_together=self._peers())
 
@@ -107,12 +108,17 @@ class JobRecoveryWorkflow:
             self._requeue = await workflow.execute_activity_method(
                 JobActivities.requeue_job,
                 RequeueRequest(job=first.snapshot.job.model_copy(update={"restart_count": since}),
-                               failed_node=nodes[0], also_failed=nodes[1:], ctx=ctx),
+                               failed_node=nodes[0], also_failed=nodes[1:], ctx=ctx, pinned_jobs=first.pinned_jobs),
                 summary=f"Requeue job {first.snapshot.job.job_id} away from {', '.join(nodes)}",
                 heartbeat_timeout=HEARTBEAT, **SLURM_CALL,
             )
         except ActivityError as err:
-            self._failed = f"requeue of job {first.snapshot.job.job_id} failed: {err.cause or err}"
+            # Every joined incident fails as its own requeue would have: with the cause's type and message.
+            cause = err.cause
+            if isinstance(cause, ApplicationError) and cause.type:
+                self._failed = cause.type, cause.message
+            else:
+                self._failed = "JobRequeueFailed", f"requeue of job {first.snapshot.job.job_id} failed: {cause or err}"
             await workflow.wait_condition(workflow.all_handlers_finished)
             raise
         self._covered = set(nodes)

@@ -900,7 +900,8 @@ class NodeRecoveryWorkflow:
             outcomes = await self._for_each_job(jobs, lambda snap: self._join_job_recovery(snap, node, ctx, policy))
         else:
             outcomes = await self._for_each_job(jobs, lambda snap: workflow.execute_activity_method(
-                JobActivities.requeue_job, RequeueRequest(job=snap.job, failed_node=node, ctx=ctx),
+                JobActivities.requeue_job,
+                RequeueRequest(job=snap.job, failed_node=node, ctx=ctx, pinned_jobs=policy.pinned_jobs),
                 summary=f"Requeue job {snap.job.job_id} away from {node}",
                 heartbeat_timeout=HEARTBEAT, **SLURM_CALL,
             ))
@@ -919,7 +920,7 @@ class NodeRecoveryWorkflow:
         joined = self._job_recoveries[snap.job.job_id] = await workflow.execute_activity_method(
             JobRecoveryActivities.join_job_recovery,
             JobJoin(incident_id=self._incident_id, node=node, snapshot=snap, ctx=ctx,
-                    verify_deadline_seconds=policy.verify_deadline_seconds),
+                    verify_deadline_seconds=policy.verify_deadline_seconds, pinned_jobs=policy.pinned_jobs),
             summary=f"Requeue job {snap.job.job_id} away from {node} with its other failed nodes",
             heartbeat_timeout=HEARTBEAT, **JOB_RECOVERY_CALL,
         )

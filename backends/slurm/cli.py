@@ -148,5 +148,8 @@ class SlurmCli:
     async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> Invocation:
         return await self._write("scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}")
 
+    async def set_required_nodes(self, job_id: int, nodes: list[str]) -> Invocation:
+        return await self._write("scontrol", "update", f"JobId={job_id}", f"ReqNodeList={','.join(nodes)}")
+
     async def release_job(self, job_id: int) -> Invocation:
         return await self._write("scontrol", "release", str(job_id))

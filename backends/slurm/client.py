@@ -73,5 +73,9 @@ class SlurmClient:
     async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> Invocation:
         return await self._call("set_excluded_nodes", job_id, nodes)
 
+    async def set_required_nodes(self, job_id: int, nodes: list[str]) -> Invocation:
+        """The job's pin (ReqNodeList); an empty list removes it."""
+        return await self._call("set_required_nodes", job_id, nodes)
+
     async def release_job(self, job_id: int) -> Invocation:
         return await self._call("release_job", job_id)

@@ -12,7 +12,7 @@ from contracts.models import SlurmJob, SlurmNode
 # (22.05 keeps node flags in `state_flags`, newer versions in the `state` list.)
 NODE_FIELDS = ("name", "state", "reason", "comment", "partitions")
 JOB_FIELDS = ("job_id", "job_state", "nodes", "restart_cnt", "requeue", "comment", "priority",
-              "state_reason", "name", "excluded_nodes")
+              "state_reason", "name", "excluded_nodes", "required_nodes")
 
 # Flags that newer Slurm reports inside the state list instead of a separate field.
 _BASE_NODE_STATES = {
@@ -69,5 +69,6 @@ def job_from_json(raw: dict[str, Any]) -> SlurmJob:
         requeue=bool(raw.get("requeue", True)),
         comment=raw.get("comment") or "",
         excluded_nodes=expand_nodes(raw.get("excluded_nodes")),
+        required_nodes=expand_nodes(raw.get("required_nodes")),
         priority=_number(raw.get("priority")),
     )

@@ -225,6 +225,10 @@ class SlurmRest:
     async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> Invocation:
         return (await self._write("set_excluded_nodes", body={"excluded_nodes": nodes}, job_id=job_id))[1]
 
+    async def set_required_nodes(self, job_id: int, nodes: list[str]) -> Invocation:
+        # Unmeasured over REST (clearing a pin with an empty list above all): scontrol, as measured.
+        raise Unsupported("a job's pin is set with scontrol")
+
     async def release_job(self, job_id: int) -> Invocation:
         # Releases a job held by `scontrol requeuehold` as `scontrol release` does (measured on 24.11).
         return (await self._write("release_job", body={"hold": False}, job_id=job_id))[1]

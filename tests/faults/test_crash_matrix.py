@@ -35,7 +35,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from starter.drill import SimulatedKubernetes
 from starter.faults import (
+    JOB_RECOVERY_ACTIVITIES,
     activity_starts,
+    job_recovery_started,
     kill_slurmd,
     restart_slurmctld,
     restart_temporal,
@@ -111,8 +113,11 @@ async def case(crash_temporal, local_stack, slurm_cluster) -> AsyncIterator[Case
 
 async def history_of(case: Case, activity: str) -> WorkflowHandle:
     """The workflow that runs the activity: the incident, but for request_replacement, which runs
-    in the incident's claim of the first spare (a child workflow: workflows/spare_claim.py)."""
+    in the incident's claim of the first spare (a child workflow: workflows/spare_claim.py), and
+    the requeue and the verification, which run in its job's recovery (workflows/job_recovery.py)."""
     assert case.run is not None
+    if activity in JOB_RECOVERY_ACTIVITIES:
+        return await job_recovery_started(case.drill.client, case.stack.task_queue, case.run.job_id, 120)
     if activity != "request_replacement":
         return case.run.handle
     claim = case.drill.client.get_workflow_handle(
@@ -174,7 +179,7 @@ async def test_dev_server_killed_and_restarted_mid_incident(case, crash_temporal
     file, it still has the incident, and the same worker finishes it."""
     server, _ = crash_temporal
     run = await case.start()
-    await wait_for_history_point(run.handle, "requeue_job", "started", 120)
+    await wait_for_history_point(await history_of(case, "requeue_job"), "requeue_job", "started", 120)
     worker = int(case.stack.worker_pidfile.read_text())
     restart_temporal(server)
     result = await case.drill.finish(run, INCIDENT_SECONDS)
@@ -188,7 +193,7 @@ async def test_slurmctld_restarted_mid_requeue(case):
     """slurmctld stops and starts again on its saved state while a job is being requeued: the
     step's Slurm calls fail meanwhile and are retried; the job is requeued once."""
     run = await case.start()
-    await wait_for_history_point(run.handle, "requeue_job", "started", 120)
+    await wait_for_history_point(await history_of(case, "requeue_job"), "requeue_job", "started", 120)
     restart_slurmctld(case.stack, case.cluster)
     result = await case.drill.finish(run, INCIDENT_SECONDS)
     where = "slurmctld restarted during requeue_job"
@@ -204,7 +209,7 @@ async def test_spare_slurmd_killed_before_the_incident_takes_it(case):
     case.drill.policy = case.drill.policy.model_copy(update={"spare_wait_seconds": 20})
     run = await case.start()
     try:
-        await wait_for_history_point(run.handle, "requeue_job", "scheduled", 120)
+        await wait_for_history_point(await history_of(case, "requeue_job"), "requeue_job", "scheduled", 120)
         kill_slurmd(case.stack, spare)
         result = await case.drill.finish(run, INCIDENT_SECONDS)
     finally:

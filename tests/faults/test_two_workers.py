@@ -12,7 +12,7 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
-from starter.faults import activity_starts, kill_worker, wait_for_history_point, worker_identities
+from starter.faults import activity_starts, job_recovery_started, kill_worker, wait_for_history_point, worker_identities
 from starter.localstack import wait_async
 from tests.faults.crash_support import Case, check_recovered_once
 from tests.integration.conftest import stack_settings
@@ -30,7 +30,7 @@ async def activity_pollers(client: Client, task_queue: str) -> set[str]:
 
 async def worker_running_activity(handle: WorkflowHandle, activity_type: str) -> str:
     """The identity of the worker running an attempt of the activity now, or (the attempt already
-    over) of the one that started it, as the incident's history records it."""
+    over) of the one that started it, as the history records it."""
     for pending in (await handle.describe()).raw_description.pending_activities:
         if pending.activity_type.name == activity_type and pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED:
             return pending.last_worker_identity
@@ -56,8 +56,10 @@ async def test_two_workers_one_killed_mid_incident_the_other_finishes(temporal_e
 
         await wait_async(both_polling, 60, "both workers to poll the task queue")
         run = await case.start(workers)
-        await wait_for_history_point(run.handle, "requeue_job", "started", 120)
-        running = await worker_running_activity(run.handle, "requeue_job")
+        # The requeue runs in the job's recovery (workflows/job_recovery.py), which the incident joined.
+        job_recovery = await job_recovery_started(client, settings.task_queue, run.job_id, 120)
+        await wait_for_history_point(job_recovery, "requeue_job", "started", 120)
+        running = await worker_running_activity(job_recovery, "requeue_job")
         victim = int(running.split("@", 1)[0])
         assert victim in pids, (running, pids)
         # Counted before the kill: what the survivor does while the kill is confirmed is "after".
@@ -85,5 +87,5 @@ async def test_two_workers_one_killed_mid_incident_the_other_finishes(temporal_e
     assert state_at_kill.startswith("RUNNING"), why
     assert any(i.startswith(f"{survivor}@") for _, _, i in after_kill), why
     assert last_task.startswith(f"{survivor}@"), why
-    assert any(i.startswith(f"{victim}@") for i in await worker_identities(run.handle))
+    assert any(i.startswith(f"{victim}@") for i in await worker_identities(job_recovery))
 

@@ -51,7 +51,8 @@ class SlurmStandIn:
         async def requeue_job(req: RequeueRequest) -> RequeueResult:
             self.requeues.append(req)
             if self.fail_requeue:
-                raise ApplicationError("scontrol requeuehold: Invalid job id", non_retryable=True)
+                raise ApplicationError("scontrol requeuehold: Invalid job id", type="SlurmCommandError",
+                                       non_retryable=True)
             return RequeueResult(job_id=req.job.job_id, requeued_now=True, restart_count=req.job.restart_count + 1,
                                  actions=[])
 
@@ -163,8 +164,9 @@ async def test_a_failed_requeue_fails_every_incident_that_joined(temporal_env):
         outcomes = await asyncio.gather(jobs.join("gpu-1"), jobs.join("gpu-2"), return_exceptions=True)
         for outcome in outcomes:
             assert isinstance(outcome, WorkflowUpdateFailedError), outcome
-            assert isinstance(outcome.cause, ApplicationError) and outcome.cause.type == "JobRequeueFailed"
-            assert "Invalid job id" in outcome.cause.message
+            # As the incident's own requeue would have failed: its cause's type and message.
+            assert isinstance(outcome.cause, ApplicationError) and outcome.cause.type == "SlurmCommandError"
+            assert outcome.cause.message == "scontrol requeuehold: Invalid job id"
         assert len(slurm.requeues) == 1
 
 

@@ -121,3 +121,8 @@ def test_a_starter_can_only_make_the_workers_policy_safer():
     assert policy.approval_required == ["replacement", "requeue"] and policy.dry_run
     assert policy.spare_nodes == ["gpu-9"] and policy.degrading_grace_seconds == 120 and policy.fleet_budget
     assert worker.narrowed_by(RecoveryPolicy()) == worker
+    # Pinned jobs: a starter may ask to leave them; it cannot make a worker that leaves them unpin.
+    assert policy.pinned_jobs == "unpin"
+    assert worker.narrowed_by(RecoveryPolicy(pinned_jobs="leave")).pinned_jobs == "leave"
+    leaving = worker.model_copy(update={"pinned_jobs": "leave"})
+    assert leaving.narrowed_by(RecoveryPolicy(pinned_jobs="unpin")).pinned_jobs == "leave"

@@ -27,6 +27,9 @@ def test_job_22_05_shape():
                          "state_reason": "None", "requeue": True, "name": "train"})
     assert job.nodes == ["gpu-1", "gpu-2"]
     assert (job.restart_count, job.excluded_nodes, job.checkpoint_dir) == (1, ["gpu-3"], "/x")
+    assert job.required_nodes == []
+    pinned = job_from_json({"job_id": 13, "job_state": "RUNNING", "nodes": "gpu-[1-2]", "required_nodes": "gpu-[1-2]"})
+    assert pinned.required_nodes == ["gpu-1", "gpu-2"]
 
 
 def test_job_newer_shape_with_wrapped_numbers():
