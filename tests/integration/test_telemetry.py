@@ -34,6 +34,7 @@ from observability.telemetry import tracing_provider
 from observability.tracing import IncidentTracingInterceptor
 from starter.alerts import raise_alert
 from starter.drill import DrillOptions
+from workflows.job_recovery import job_recovery_workflow_id
 from workflows.node_recovery import incident_workflow_id
 from workflows.spare_claim import spare_claim_workflow_id
 from worker import activities_for, build_slurm, build_worker
@@ -41,10 +42,12 @@ from worker import activities_for, build_slurm, build_worker
 REPO = Path(__file__).resolve().parents[2]
 # In the incident's trace: the worker's policy read at its start, its own activities, the fleet
 # budget's lease and the audit line of its outcome (a local activity). The budget's own workflow
-# has a trace of its own. No quarantined_among: the lease's answer says which spares are lemons.
+# has a trace of its own, and so has the job's recovery (the requeue and the verification), which
+# the incidents on the job's nodes share. No quarantined_among: the lease's answer says which spares are lemons.
 ACTIVITIES_OF_A_FATAL_XID = {"incident_policy", "classify_fault", "drain_node", "find_jobs", "fence_scope", "request_lease",
-                             "signal_job", "requeue_job", "mark_node_down", "request_replacement",
-                             "wait_for_spare", "verify_restart", "record_incident", "write_audit"}
+                             "signal_job", "join_job_recovery", "mark_node_down", "request_replacement",
+                             "wait_for_spare", "job_verification", "record_incident", "write_audit"}
+ACTIVITIES_OF_A_JOB_RECOVERY = {"requeue_job", "verify_restart"}
 
 
 @pytest.fixture(scope="session")
@@ -111,6 +114,12 @@ async def test_a_drill_is_one_trace_and_its_metrics_match_its_report(drill, trac
     by_id = {s.context.span_id: s for s in incident}
     ran = {s.name.removeprefix("RunActivity:") for s in incident + claim if s.name.startswith("RunActivity:")}
     assert ran == ACTIVITIES_OF_A_FATAL_XID
+    job_recovery = [s for s in finished
+                    if s.attributes.get("temporalWorkflowID") == job_recovery_workflow_id(drill.stack.task_queue, result.job_id)]
+    assert {s.name.removeprefix("RunActivity:") for s in job_recovery
+            if s.name.startswith("RunActivity:")} == ACTIVITIES_OF_A_JOB_RECOVERY
+    assert len({s.context.trace_id for s in job_recovery}) == 1
+    assert not {s.context.trace_id for s in job_recovery} & {s.context.trace_id for s in incident}
     for span in incident:
         if span.name.startswith("RunActivity:"):  # below the workflow's StartActivity of the same activity
             parent = by_id[span.parent.span_id]
