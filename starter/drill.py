@@ -59,6 +59,7 @@ class DrillOptions(BaseModel):
     checkpoints_before_failure: int = 2
     timeout_seconds: float = 300.0
     pinned_to: list[str] = Field(default_factory=list, description="the reference job's nodes, pinned (sbatch -w)")
+    job_nodes: int = Field(2, ge=1, description="the nodes the reference job trains across")
 
 
 class DrillCheck(BaseModel):
@@ -182,11 +183,11 @@ class Drill:
     # --- set-up --------------------------------------------------------------------------------
 
     async def start_training(self, opts: DrillOptions) -> tuple[SlurmJob, Path]:
-        """A clean cluster and the reference job training across 2 nodes, with its first checkpoints."""
+        """A clean cluster and the reference job training across its nodes, with its first checkpoints."""
         await self.reset_cluster()
         run_dir = self.stack.drills_dir / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
         job_id = await self.submit_reference_job(run_dir, opts)
-        self._log(f"reference job {job_id} submitted across 2 nodes; checkpoints in {run_dir}")
+        self._log(f"reference job {job_id} submitted across {opts.job_nodes} nodes; checkpoints in {run_dir}")
         job = await wait_async(lambda: self._running(job_id), 60, f"job {job_id} to run")
         await wait_async(lambda: self._complete_checkpoints(run_dir, opts.checkpoints_before_failure), 120,
                          f"{opts.checkpoints_before_failure} complete checkpoints")
@@ -224,7 +225,7 @@ class Drill:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.stack.fault_dir.mkdir(parents=True, exist_ok=True)
         out = await self.slurm.run(
-            "sbatch", "--parsable", f"--job-name={DRILL_JOB_NAME}", "--nodes=2", "--ntasks-per-node=1",
+            "sbatch", "--parsable", f"--job-name={DRILL_JOB_NAME}", f"--nodes={opts.job_nodes}", "--ntasks-per-node=1",
             "--requeue", f"--comment=checkpoint_dir={run_dir}", f"--chdir={run_dir}",
             *([f"--nodelist={','.join(opts.pinned_to)}"] if opts.pinned_to else []),
             f"--output={run_dir}/slurm-%j.out",

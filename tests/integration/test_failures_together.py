@@ -11,6 +11,7 @@ import asyncio
 
 import pytest
 
+from backends.checkpoints import CheckpointStore
 from contracts.models import IncidentReport, NodeFailureAlert
 from starter.alerts import raise_alert
 from starter.drill import DrillOptions
@@ -38,17 +39,21 @@ async def assert_down(f: Fleet, report: IncidentReport) -> None:
     assert node.state == "down" and not node.in_service, node
 
 
+@pytest.mark.parametrize("job_nodes", [2, 3])
 async def test_two_nodes_of_one_job_fail_together_and_the_job_is_requeued_and_verified_once(
-        temporal_env, local_stack, slurm_cluster):
+        temporal_env, local_stack, slurm_cluster, job_nodes):
+    """Both nodes of a 2-node job, or two of a 3-node job (the middle one and the last: its
+    third node stays in the job); the cluster has room for the restart either way."""
     async with fleet(temporal_env, local_stack, slurm_cluster) as f:
-        job, _ = await f.drill.start_training(DrillOptions())
-        first, second = job.nodes
+        job, _ = await f.drill.start_training(DrillOptions(job_nodes=job_nodes))
+        first, second = job.nodes[-2:]
         handles = await asyncio.gather(fail(f, first), fail(f, second))  # within milliseconds
         reports = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 300)
 
         after = await f.drill.slurm.get_job(job.job_id)
         assert after.state == "RUNNING" and after.restart_count == job.restart_count + 1, after  # requeued once
         assert not {first, second} & set(after.nodes) and {first, second} <= set(after.excluded_nodes), after
+        assert len(after.nodes) == job_nodes, after
         for report, other in zip(reports, reversed(reports)):
             [job_report] = report.jobs
             assert job_report.verified and job_report.restart_count == after.restart_count, job_report
@@ -67,7 +72,7 @@ async def test_a_node_that_fails_while_the_first_incident_verifies_gets_the_job_
     verification waits for training progress; the late alert's incident joins, the job is requeued
     again off both nodes and the one verification is of that restart."""
     async with fleet(temporal_env, local_stack, slurm_cluster) as f:
-        job, _ = await f.drill.start_training(DrillOptions())
+        job, run_dir = await f.drill.start_training(DrillOptions())
         late, first = job.nodes
         # Only the job's other node and the spare are free to run it after the first requeue.
         others = [n.name for n in await f.drill.slurm.list_nodes()
@@ -80,8 +85,12 @@ async def test_a_node_that_fails_while_the_first_incident_verifies_gets_the_job_
         async def verifying_a_stalled_restart():
             status = await status_if_answered(first_incident)
             restarted = await f.drill.slurm.get_job(job.job_id)
+            # The restarted trainer logged its resume: its signal handlers are in (a SIGUSR1 before
+            # them, the late incident's call to checkpoint, would kill it: the job would end FAILED).
+            resumed = [r for r in await CheckpointStore().resume_records(str(run_dir))
+                       if r.restart_count == job.restart_count + 1]
             return (status is not None and status.phase == "verify" and restarted.state == "RUNNING"
-                    and late in restarted.nodes)
+                    and late in restarted.nodes and resumed)
 
         await wait_async(verifying_a_stalled_restart, 180, f"the first incident to verify the job restarted on {late}")
         late_incident = await fail(f, late)
