@@ -34,6 +34,9 @@ from contracts.models import (
 )
 
 POLL_SECONDS = 0.5
+# A job found running on the failed node that ended so since (the lost GPU crashed it, or Slurm
+# found the node dead): Slurm requeues a finished batch job as a running one.
+DIED_OF_THE_FAULT = frozenset({"FAILED", "NODE_FAIL"})
 # Why a pending job waits, where Slurm says it never starts as it is: no deadline needs waiting out.
 NEVER_STARTS = frozenset({"BadConstraints", "PartitionConfig", "DependencyNeverSatisfied", "InvalidAccount",
                           "InvalidQOS"})
@@ -91,16 +94,19 @@ class JobActivities:
             return self._left(job, actions, ctx, _left_pinned_why(job, pinned), left_pinned_to=pinned)
         requeued_now = False
         if job.restart_count == req.job.restart_count:
+            holds = job.state in ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")
             if job.state == "PENDING":
                 pass  # not started again since: keep it off the failed nodes below
-            elif job.state not in ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"):
+            elif not holds and job.state not in DIED_OF_THE_FAULT:
                 return self._left(job, actions, ctx, f"not requeued: job is {job.state} ({job.state_reason})")
             elif not set(job.nodes) & set(failed):
-                return self._left(job, actions, ctx, f"not requeued: job runs on {','.join(job.nodes)}, "
-                                  f"off the failed node(s) {','.join(failed)}")
+                return self._left(job, actions, ctx, f"not requeued: job {'runs' if holds else 'ended'} on "
+                                  f"{','.join(job.nodes)}, off the failed node(s) {','.join(failed)}")
             else:
                 call = await self._slurm.requeue_hold(job_id)
-                actions.append(record("requeue_hold", f"job {job_id}", call, ctx,
+                died = "" if holds else (f"it ended {job.state} ({job.state_reason}) on the failed node after it was "
+                                         "found running there: ")
+                actions.append(record("requeue_hold", f"job {job_id}", call, ctx, died +
                                       "requeued in held state so it cannot start before it is kept off the node"))
                 requeued_now = True
         else:

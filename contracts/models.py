@@ -553,6 +553,7 @@ class JobJoin(Contract):
     """An incident's part in the recovery of a job that ran on its node (workflows/job_recovery.py)."""
 
     incident_id: str
+    workflow_id: str = Field(min_length=1, description="the incident's workflow: told of the requeue and the verification")
     node: NodeName
     snapshot: JobSnapshot
     ctx: ActionContext
@@ -566,6 +567,14 @@ class JobRequeued(Contract):
     run_id: str = Field(description="the job recovery's run: its result is the job's verification")
     requeue: RequeueResult
     failed_together: list[PeerIncident]
+
+
+class JobRecoveryFailure(Contract):
+    """The job's requeue failed for good: each joined incident fails as its own requeue would have."""
+
+    job_id: JobId
+    error_type: str
+    message: str
 
 
 class JobRecovered(Contract):

@@ -25,11 +25,8 @@ SLURM_CALL = dict(
     schedule_to_close_timeout=timedelta(minutes=10),
     retry_policy=SLURM_RETRY,
 )
-# An incident's wait for its job's requeue by the job's recovery: as long as the requeue's retries.
-JOB_RECOVERY_CALL = dict(
-    start_to_close_timeout=timedelta(minutes=11),
-    retry_policy=SLURM_RETRY,
-)
+# An incident's wait for its job's requeue by the job's recovery: longer than the requeue's retries.
+JOB_REQUEUE_WAIT = timedelta(minutes=11)
 # A Slurm call tried first as a local activity, within the workflow task: up to three attempts,
 # all within SLURM_QUICK_TRY_BUDGET; then (NodeRecoveryWorkflow._locally_first) as an activity with
 # SLURM_CALL, timed by the server (a local activity's deadline is kept by the worker). While it

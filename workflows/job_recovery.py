@@ -3,26 +3,29 @@
 Nodes of one job fail together (a switch, an NVLink domain, a PDU): each node has its incident,
 but the job must be requeued once, kept off every failed node, and verified once. Each incident
 joins the job's recovery (`requeue`, an update-with-start from activities/job_recovery.py, one
-run per job id at a time) and gets the requeue that took the job off its node; the run's result is
-the verification, begun when the first incident asks for it (once its replacement is in). A
-node that joins after a requeue (the job was pending, or had started again,
-perhaps on that node) gets a requeue of its own that keeps the job off it as well, and the
-verification waits for the last one. The requeue and the verification are JobActivities', as an
-incident alone runs them.
+run per job id at a time) and is told by signal, as NodeRecoveryWorkflow waits durably (no
+activity held open, so a storm of incidents holds no worker slots): `job_requeued` once a requeue
+has taken the job off its node, `job_recovered` with the one verification, begun when the first
+incident asks for it (once its replacement is in), or `job_requeue_failed`. A node that joins
+after a requeue (the job was pending, or had started again, perhaps on that node) gets a requeue
+of its own that keeps the job off it as well, and the verification waits for the last one. The
+requeue and the verification are JobActivities', as an incident alone runs them.
 """
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from activities.jobs import JobActivities
     from contracts.models import (
         JobJoin,
         JobRecovered,
+        JobRecoveryFailure,
         JobRequeued,
         PeerIncident,
         RequeueRequest,
@@ -33,6 +36,8 @@ with workflow.unsafe.imports_passed_through():
 
 # A job has a few nodes; this bounds what joins one run (and its history), whoever sends joins.
 MOST_NODES_JOINED = 256
+# NodeRecoveryWorkflow's signals, by name: this module cannot import the incident's.
+JOB_REQUEUED, JOB_RECOVERED, JOB_REQUEUE_FAILED = "job_requeued", "job_recovered", "job_requeue_failed"
 
 
 def job_recovery_workflow_id(task_queue: str, job_id: int) -> str:
@@ -45,8 +50,8 @@ class JobRecoveryWorkflow:
     def __init__(self) -> None:
         self._joined: dict[str, JobJoin] = {}  # by node, in the order they joined
         self._covered: set[str] = set()  # the nodes the last requeue keeps the job off
+        self._told: set[str] = set()  # the nodes whose incidents heard of that requeue
         self._requeue: RequeueResult | None = None
-        self._failed: tuple[str, str] | None = None  # the requeue's final failure: its type and message
         self._verify_asked = False
 
     @workflow.signal
@@ -55,15 +60,10 @@ class JobRecoveryWorkflow:
         self._verify_asked = True
 
     @workflow.update
-    async def requeue(self, join: JobJoin) -> JobRequeued:
-        """Joins the job's recovery; answers once a requeue has taken the job off `join.node`."""
+    def requeue(self, join: JobJoin) -> str:
+        """Joins the job's recovery; returns this run's id. The incident hears the rest by signal."""
         self._joined.setdefault(join.node, join)
-        await workflow.wait_condition(lambda: join.node in self._covered or self._failed is not None)
-        if self._failed is not None:
-            error_type, message = self._failed
-            raise ApplicationError(message, type=error_type, non_retryable=True)
-        assert self._requeue is not None
-        return JobRequeued(run_id=workflow.info().run_id, requeue=self._requeue, failed_together=self._peers())
+        return workflow.info().run_id
 
     @requeue.validator
     def _one_job_and_room(self, join: JobJoin) -> None:
@@ -78,6 +78,7 @@ class JobRecoveryWorkflow:
         while True:
             await workflow.wait_condition(self._uncovered)
             requeue = await self._requeue_off(sorted(self._joined))
+            await self._tell_requeued(requeue)
             await workflow.wait_condition(lambda: self._verify_asked or self._uncovered())
             if self._uncovered():
                 continue
@@ -90,39 +91,57 @@ class JobRecoveryWorkflow:
             )
             # Another node of the job failed meanwhile: requeue again (when the job runs there), then verify that.
             await workflow.wait_condition(lambda: verifying.done() or self._uncovered())
-            if verifying.done():
-                verification = await verifying
-                await workflow.wait_condition(lambda: self._uncovered() or workflow.all_handlers_finished())
-                if not self._uncovered():
-                    return JobRecovered(requeue=requeue, verification=verification, failed_together=self._peers())
-            else:
+            if not verifying.done():
                 verifying.cancel()
+                continue
+            recovered = JobRecovered(requeue=requeue, verification=await verifying, failed_together=self._peers())
+            if not self._uncovered():
+                await self._tell(list(self._joined.values()), JOB_RECOVERED, recovered)
+                return recovered
 
     async def _requeue_off(self, nodes: list[str]) -> RequeueResult:
         first = self._first
-        since = self._requeue.restart_count if self._requeue is not None else first.snapshot.job.restart_count
+        job = first.snapshot.job
+        since = self._requeue.restart_count if self._requeue is not None else job.restart_count
         incidents = ", ".join(join.incident_id for join in self._joined.values())
         ctx = first.ctx.model_copy(update={"reason": f"{first.ctx.reason}; the job's failed nodes "
                                                      f"{', '.join(nodes)} (incidents {incidents})"[:1000]})
         try:
             self._requeue = await workflow.execute_activity_method(
                 JobActivities.requeue_job,
-                RequeueRequest(job=first.snapshot.job.model_copy(update={"restart_count": since}),
+                RequeueRequest(job=job.model_copy(update={"restart_count": since}),
                                failed_node=nodes[0], also_failed=nodes[1:], ctx=ctx, pinned_jobs=first.pinned_jobs),
-                summary=f"Requeue job {first.snapshot.job.job_id} away from {', '.join(nodes)}",
+                summary=f"Requeue job {job.job_id} away from {', '.join(nodes)}",
                 heartbeat_timeout=HEARTBEAT, **SLURM_CALL,
             )
         except ActivityError as err:
             # Every joined incident fails as its own requeue would have: with the cause's type and message.
             cause = err.cause
-            if isinstance(cause, ApplicationError) and cause.type:
-                self._failed = cause.type, cause.message
-            else:
-                self._failed = "JobRequeueFailed", f"requeue of job {first.snapshot.job.job_id} failed: {cause or err}"
-            await workflow.wait_condition(workflow.all_handlers_finished)
+            failure = (JobRecoveryFailure(job_id=job.job_id, error_type=cause.type, message=cause.message)
+                       if isinstance(cause, ApplicationError) and cause.type else
+                       JobRecoveryFailure(job_id=job.job_id, error_type="JobRequeueFailed",
+                                          message=f"requeue of job {job.job_id} failed: {cause or err}"))
+            await self._tell(list(self._joined.values()), JOB_REQUEUE_FAILED, failure)
             raise
         self._covered = set(nodes)
         return self._requeue
+
+    async def _tell_requeued(self, requeue: RequeueResult) -> None:
+        """Each incident whose node the requeue covers, once."""
+        news = [join for node, join in self._joined.items() if node in self._covered and node not in self._told]
+        self._told.update(join.node for join in news)
+        await self._tell(news, JOB_REQUEUED, JobRequeued(run_id=workflow.info().run_id, requeue=requeue,
+                                                         failed_together=self._peers()))
+
+    @staticmethod
+    async def _tell(joins: list[JobJoin], signal: str, news: object) -> None:
+        async def tell(join: JobJoin) -> None:
+            try:
+                await workflow.get_external_workflow_handle(join.workflow_id).signal(signal, news)
+            except FailureError:
+                workflow.logger.warning(f"{join.workflow_id} did not hear {signal}: it has ended")
+
+        await asyncio.gather(*(tell(join) for join in joins))
 
     def _verify_request(self, requeue: RequeueResult) -> VerifyRequest:
         nodes = sorted(self._covered)

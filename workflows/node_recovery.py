@@ -46,6 +46,8 @@ with workflow.unsafe.imports_passed_through():
         IncidentReport,
         IncidentStatus,
         JobJoin,
+        JobRecovered,
+        JobRecoveryFailure,
         JobRequeued,
         JobSnapshot,
         JobVerification,
@@ -79,12 +81,12 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.call_options import (
         HEARTBEAT,
+        JOB_REQUEUE_WAIT,
         K8S_CALL,
         K8S_EVICTION,
         K8S_HEARTBEAT,
         K8S_REPLACEMENT,
         K8S_RETRY,
-        JOB_RECOVERY_CALL,
         SLURM_CALL,
         SLURM_QUICK_TRY,
         SLURM_RETRY,
@@ -94,6 +96,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.alert_log import AlertLog
     from workflows.audit_trail import AuditTrail
     from workflows.budget_lease import LEASE_STATE_SIGNAL, BUDGET_CALL, BudgetLease
+    from workflows.job_recovery import JOB_RECOVERED, JOB_REQUEUE_FAILED, JOB_REQUEUED
     from workflows.notify import notify
     from workflows.operator_check import OperatorCheck
     from workflows.report import build_report
@@ -171,7 +174,11 @@ class NodeRecoveryWorkflow:
         self._idle_node_keeps_spare = False
         self._policy_from_worker = False
         self._jobs_together = False
+        # The jobs' recoveries (JOBS_RECOVERED_TOGETHER), by job id: joined, and what they told.
+        self._joining: set[int] = set()
         self._job_recoveries: dict[int, JobRequeued] = {}
+        self._job_recovered: dict[int, JobRecovered] = {}
+        self._job_failures: dict[int, JobRecoveryFailure] = {}
         self._failed_together: dict[int, list[PeerIncident]] = {}
         self._fence_scope: FenceScope | None = None
 
@@ -193,6 +200,23 @@ class NodeRecoveryWorkflow:
             workflow.logger.warning("ignored alerts for %s sent to the incident of %s", sorted(ignored), self._node)
             digest = digest.model_copy(update={"alerts": [a for a in digest.alerts if a.node == self._node]})
         self._alerts.add_digest(digest)
+
+    @workflow.signal(name=JOB_REQUEUED)
+    def job_requeued(self, heard: JobRequeued) -> None:
+        """The job's recovery took the job off this node (workflows/job_recovery.py)."""
+        if heard.requeue.job_id in self._joining:  # one answer kept per job, whoever signals
+            self._job_recoveries[heard.requeue.job_id] = heard
+
+    @workflow.signal(name=JOB_RECOVERED)
+    def job_recovered(self, heard: JobRecovered) -> None:
+        """The job's recovery verified (or failed to verify) the job's restart."""
+        if heard.requeue.job_id in self._joining:
+            self._job_recovered[heard.requeue.job_id] = heard
+
+    @workflow.signal(name=JOB_REQUEUE_FAILED)
+    def job_requeue_failed(self, heard: JobRecoveryFailure) -> None:
+        if heard.job_id in self._joining:
+            self._job_failures[heard.job_id] = heard
 
     @workflow.signal(name=LEASE_STATE_SIGNAL)
     def fleet_budget_lease_state(self, state: LeaseState) -> None:
@@ -530,8 +554,8 @@ class NodeRecoveryWorkflow:
             # A final failure (a node or job Slurm does not know, a deadline passed): the incident
             # ends in an explicit failed state, with the report of what was done before it.
             why = f"failed in {self._phase}: {_cause(err)}"
-        except FenceHeld as held:
-            why = str(held)
+        except (FenceHeld, JobRecoveryFailed) as stopped:
+            why = str(stopped) if isinstance(stopped, FenceHeld) else f"failed in {self._phase}: {stopped}"
         except IncidentAborted:
             assert self._abort is not None
             why = f"aborted by {self._abort.actor} in {self._phase}: {self._abort.reason}; node left as it was"
@@ -917,30 +941,47 @@ class NodeRecoveryWorkflow:
     async def _join_job_recovery(self, snap: JobSnapshot, node: str, ctx: ActionContext,
                                  policy: RecoveryPolicy) -> RequeueResult:
         """The job's requeue off this node, by the job's recovery that the incidents on its nodes share."""
-        joined = self._job_recoveries[snap.job.job_id] = await workflow.execute_activity_method(
+        job_id = snap.job.job_id
+        self._joining.add(job_id)
+        await workflow.execute_activity_method(
             JobRecoveryActivities.join_job_recovery,
-            JobJoin(incident_id=self._incident_id, node=node, snapshot=snap, ctx=ctx,
-                    verify_deadline_seconds=policy.verify_deadline_seconds, pinned_jobs=policy.pinned_jobs),
-            summary=f"Requeue job {snap.job.job_id} away from {node} with its other failed nodes",
-            heartbeat_timeout=HEARTBEAT, **JOB_RECOVERY_CALL,
+            JobJoin(incident_id=self._incident_id, workflow_id=workflow.info().workflow_id, node=node, snapshot=snap,
+                    ctx=ctx, verify_deadline_seconds=policy.verify_deadline_seconds, pinned_jobs=policy.pinned_jobs),
+            summary=f"Join the recovery of job {job_id}: its requeue away from {node} and its other failed nodes",
+            **SLURM_CALL,
         )
-        self._failed_together[snap.job.job_id] = joined.failed_together
+        joined = await self._hear(job_id, lambda: self._job_recoveries.get(job_id), JOB_REQUEUE_WAIT,
+                                  f"the requeue of job {job_id}")
+        self._failed_together[job_id] = joined.failed_together
         return joined.requeue
 
     async def _verify_together(self, job_id: int, deadline: float) -> JobVerification:
-        recovered = await workflow.execute_activity_method(
-            JobRecoveryActivities.job_verification, args=[job_id, self._job_recoveries[job_id].run_id],
-            summary=f"Wait for job {job_id}'s verification by its recovery",
-            start_to_close_timeout=timedelta(seconds=2 * deadline + 600),
-            heartbeat_timeout=HEARTBEAT, retry_policy=SLURM_RETRY,
+        await workflow.execute_activity_method(
+            JobRecoveryActivities.ask_job_verification, args=[job_id, self._job_recoveries[job_id].run_id],
+            summary=f"Ask job {job_id}'s recovery for its verification", **SLURM_CALL,
         )
+        recovered = await self._hear(job_id, lambda: self._job_recovered.get(job_id),
+                                     timedelta(seconds=2 * deadline + 600), f"job {job_id}'s verification")
         self._failed_together[job_id] = recovered.failed_together
         return recovered.verification
+
+    async def _hear(self, job_id: int, told: Callable[[], T | None], within: timedelta, what: str) -> T:
+        """What the job's recovery tells, by its signal; its failure, or none in time, is this step's."""
+        try:
+            await workflow.wait_condition(lambda: told() is not None or job_id in self._job_failures, timeout=within)
+        except asyncio.TimeoutError:
+            raise JobRecoveryFailed(f"JobRecoveryTimeout: no word of {what} from the job's recovery within "
+                                    f"{within.total_seconds():.0f} s") from None
+        if (failure := self._job_failures.get(job_id)) is not None:
+            raise JobRecoveryFailed(f"{failure.error_type}: {failure.message}")
+        answer = told()
+        assert answer is not None
+        return answer
 
     async def _verify(self, jobs: list[JobSnapshot], requeued: list[RequeueResult], node: str,
                       deadline: float) -> list[JobVerification]:
         if self._job_recoveries:
-            return [await self._verify_together(snap.job.job_id, deadline) for snap in jobs]
+            return list(await asyncio.gather(*(self._verify_together(snap.job.job_id, deadline) for snap in jobs)))
         results = []
         for snap, requeue in zip(jobs, requeued):
             results.append(await workflow.execute_activity_method(
@@ -975,6 +1016,10 @@ class NodeRecoveryWorkflow:
 
 class FenceHeld(Exception):
     """The fence circuit breaker held the incident until it gave up: the node was not drained."""
+
+
+class JobRecoveryFailed(Exception):
+    """The job's recovery failed to requeue the job, or said nothing in time (workflows/job_recovery.py)."""
 
 
 class IncidentAborted(Exception):

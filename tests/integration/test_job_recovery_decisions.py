@@ -1,7 +1,8 @@
 """JobRecoveryWorkflow's decisions (workflows/job_recovery.py) on the real dev server, with
-stand-ins for the two Slurm activities under their real names: the incidents on one job's nodes
-share one requeue and one verification, a node that joins during the verification gets the job
-requeued off it too and the verification redone, and a failed requeue fails every joined incident.
+stand-ins for the two Slurm activities under their real names and for the incidents (a workflow
+that keeps what the job's recovery signals it): the incidents on one job's nodes share one
+requeue and one verification, a node that joins during the verification gets the job requeued
+off it too and the verification redone, and a failed requeue fails every joined incident.
 The real requeue and verification on real Slurm: test_failures_together.py."""
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import uuid
 from contextlib import asynccontextmanager
 
 import pytest
-from temporalio import activity
+from pydantic import BaseModel, Field
+from temporalio import activity, workflow
 from temporalio.client import WithStartWorkflowOperation, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
@@ -21,6 +23,7 @@ from contracts.models import (
     ActionContext,
     JobJoin,
     JobRecovered,
+    JobRecoveryFailure,
     JobRequeued,
     JobSnapshot,
     JobVerification,
@@ -30,9 +33,49 @@ from contracts.models import (
     VerifyRequest,
 )
 from starter.localstack import wait_async
-from workflows.job_recovery import JobRecoveryWorkflow, job_recovery_workflow_id
+from workflows.job_recovery import (
+    JOB_RECOVERED,
+    JOB_REQUEUE_FAILED,
+    JOB_REQUEUED,
+    JobRecoveryWorkflow,
+    job_recovery_workflow_id,
+)
 
 JOB = SlurmJob(job_id=42, state="RUNNING", nodes=["gpu-1", "gpu-2", "gpu-3"], restart_count=0)
+
+
+class Heard(BaseModel):
+    requeued: list[JobRequeued] = Field(default_factory=list)
+    recovered: list[JobRecovered] = Field(default_factory=list)
+    failed: list[JobRecoveryFailure] = Field(default_factory=list)
+
+
+@workflow.defn(sandboxed=False)
+class StandInIncident:
+    """What an incident hears from its job's recovery, under NodeRecoveryWorkflow's signal names."""
+
+    def __init__(self) -> None:
+        self.heard = Heard()
+
+    @workflow.signal(name=JOB_REQUEUED)
+    def job_requeued(self, news: JobRequeued) -> None:
+        self.heard.requeued.append(news)
+
+    @workflow.signal(name=JOB_RECOVERED)
+    def job_recovered(self, news: JobRecovered) -> None:
+        self.heard.recovered.append(news)
+
+    @workflow.signal(name=JOB_REQUEUE_FAILED)
+    def job_requeue_failed(self, news: JobRecoveryFailure) -> None:
+        self.heard.failed.append(news)
+
+    @workflow.query
+    def news(self) -> Heard:
+        return self.heard
+
+    @workflow.run
+    async def run(self) -> None:
+        await workflow.wait_condition(lambda: False)
 
 
 class SlurmStandIn:
@@ -74,11 +117,12 @@ class SlurmStandIn:
         return [requeue_job, verify_restart]
 
 
-async def until(check, what: str) -> None:
-    """Poll a check of the stand-in's record, with a deadline."""
+async def until(check, what: str):
+    """Poll a check (plain or async), with a deadline."""
     async def checked():
-        return check()
-    await wait_async(checked, 30, what, interval=0.05)
+        value = check()
+        return await value if asyncio.iscoroutine(value) else value
+    return await wait_async(checked, 30, what, interval=0.05)
 
 
 class JobRecovery:
@@ -86,100 +130,115 @@ class JobRecovery:
         self.client, self.task_queue = client, task_queue
         self.workflow_id = job_recovery_workflow_id(task_queue, JOB.job_id)
 
-    async def join(self, node: str, job: SlurmJob = JOB) -> JobRequeued:
-        """An incident's join, as activities/job_recovery.py sends it."""
+    async def join(self, node: str, job: SlurmJob = JOB) -> str:
+        """An incident's join, as activities/job_recovery.py sends it; its run id."""
         incident = f"{node}-20261204T000000Z"
+        await self.client.start_workflow(StandInIncident.run, id=self.incident_id(node), task_queue=self.task_queue,
+                                         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)
         ctx = ActionContext(incident_id=incident, owner="recovery", actor="pytest", reason=f"XID 79 on {node}", xid=79)
         start = WithStartWorkflowOperation(JobRecoveryWorkflow.run, id=self.workflow_id, task_queue=self.task_queue,
                                            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)
         return await self.client.execute_update_with_start_workflow(
             JobRecoveryWorkflow.requeue,
-            JobJoin(incident_id=incident, node=node, ctx=ctx, verify_deadline_seconds=60,
+            JobJoin(incident_id=incident, workflow_id=self.incident_id(node), node=node, ctx=ctx,
+                    verify_deadline_seconds=60,
                     snapshot=JobSnapshot(job=job, checkpoint_dir=None, latest_complete=None, progress=None)),
             start_workflow_operation=start, id=f"{incident}-job-{job.job_id}")
 
-    async def verify(self, run_id: str) -> JobRecovered:
-        handle = self.client.get_workflow_handle_for(JobRecoveryWorkflow.run, self.workflow_id, run_id=run_id)
-        await handle.signal(JobRecoveryWorkflow.verify)
-        return await handle.result()
+    def incident_id(self, node: str) -> str:
+        return f"incident-{self.task_queue}-{node}"
+
+    async def heard(self, node: str) -> Heard:
+        return await self.client.get_workflow_handle(self.incident_id(node)).query(StandInIncident.news)
+
+    async def verify(self, run_id: str) -> None:
+        await self.client.get_workflow_handle(self.workflow_id, run_id=run_id).signal(JobRecoveryWorkflow.verify)
 
 
 @asynccontextmanager
 async def job_recovery(env, slurm: SlurmStandIn):
     task_queue = f"job-recovery-{uuid.uuid4()}"
-    async with Worker(env.client, task_queue=task_queue, workflows=[JobRecoveryWorkflow],
+    async with Worker(env.client, task_queue=task_queue, workflows=[JobRecoveryWorkflow, StandInIncident],
                       activities=slurm.activities()):
-        yield JobRecovery(env.client, task_queue)
-
-
-def failed_nodes(req: RequeueRequest | VerifyRequest) -> list[str]:
-    return req.failed_nodes
+        recovery = JobRecovery(env.client, task_queue)
+        yield recovery
+        async for incident in env.client.list_workflows(f'TaskQueue = "{task_queue}" AND ExecutionStatus = "Running"'):
+            await env.client.get_workflow_handle(incident.id).terminate("test over")
 
 
 async def test_incidents_on_one_job_share_its_requeue_and_its_one_verification(temporal_env):
     slurm = SlurmStandIn()
+    nodes = ["gpu-1", "gpu-2", "gpu-3"]
     async with job_recovery(temporal_env, slurm) as jobs:
-        first, second, third = await asyncio.gather(jobs.join("gpu-1"), jobs.join("gpu-2"), jobs.join("gpu-3"))
-        assert first.run_id == second.run_id == third.run_id
-        # One requeue, or more that add the nodes that joined while one ran.
-        assert [failed_nodes(r) for r in slurm.requeues][-1] == ["gpu-1", "gpu-2", "gpu-3"], slurm.requeues
+        runs = await asyncio.gather(*(jobs.join(node) for node in nodes))
+        assert len(set(runs)) == 1
+        requeued = [(await until(lambda node=node: told(jobs, node, "requeued"), f"{node} to hear of its requeue"))
+                    for node in nodes]
+        # One requeue, or more that add the nodes that joined while one ran; each incident hears once.
+        assert [r.failed_nodes for r in slurm.requeues][-1] == nodes, slurm.requeues
         assert slurm.requeues[0].job.restart_count == 0
+        assert all(len(heard) == 1 for heard in requeued)
         # A repeated join (the incident's activity retried after a crash) is the same request: nothing more.
-        requeues = len(slurm.requeues)
-        assert await jobs.join("gpu-1") == first and len(slurm.requeues) == requeues
-        results = await asyncio.gather(*(jobs.verify(joined.run_id) for joined in (first, second, third)))
-        assert results[0] == results[1] == results[2]
-        assert len(slurm.verifications) == 1
-        assert failed_nodes(slurm.verifications[0]) == ["gpu-1", "gpu-2", "gpu-3"]
+        count = len(slurm.requeues)
+        assert await jobs.join("gpu-1") == runs[0] and len(slurm.requeues) == count
+        await asyncio.gather(*(jobs.verify(run) for run in runs))
+        recovered = [(await until(lambda node=node: told(jobs, node, "recovered"), f"{node} to hear of the verification"))
+                     for node in nodes]
+        assert recovered[0] == recovered[1] == recovered[2] and len(recovered[0]) == 1
+        assert len(slurm.verifications) == 1 and slurm.verifications[0].failed_nodes == nodes
         assert slurm.verifications[0].expected_restart_count == slurm.requeues[-1].job.restart_count + 1
-        assert [(p.node, p.incident_id) for p in results[0].failed_together] == [
-            (node, f"{node}-20261204T000000Z") for node in ("gpu-1", "gpu-2", "gpu-3")]
+        assert [(p.node, p.incident_id) for p in recovered[0][0].failed_together] == [
+            (node, f"{node}-20261204T000000Z") for node in nodes]
+
+
+async def told(jobs: JobRecovery, node: str, what: str) -> list | None:
+    return getattr(await jobs.heard(node), what) or None
 
 
 async def test_a_node_that_joins_during_the_verification_gets_a_requeue_and_the_verification_is_redone(temporal_env):
     slurm = SlurmStandIn()
     slurm.hold_verification.set()
     async with job_recovery(temporal_env, slurm) as jobs:
-        first = await jobs.join("gpu-1")
-        handle = temporal_env.client.get_workflow_handle(jobs.workflow_id, run_id=first.run_id)
-        await handle.signal(JobRecoveryWorkflow.verify)
+        run = await jobs.join("gpu-1")
+        await until(lambda: told(jobs, "gpu-1", "requeued"), "gpu-1 to hear of its requeue")
+        await jobs.verify(run)
         await until(lambda: slurm.verifications, "the verification to start")
-        late = await jobs.join("gpu-3")
-        assert late.run_id == first.run_id
+        assert await jobs.join("gpu-3") == run
         await until(lambda: slurm.cancelled_verifications == 1, "the first verification to be cancelled")
+        [late] = await until(lambda: told(jobs, "gpu-3", "requeued"), "gpu-3 to hear of its requeue")
         slurm.hold_verification.clear()
-        recovered = await jobs.verify(late.run_id)
-        assert [failed_nodes(r) for r in slurm.requeues] == [["gpu-1"], ["gpu-1", "gpu-3"]]
+        [recovered] = await until(lambda: told(jobs, "gpu-1", "recovered"), "gpu-1 to hear of the verification")
+        assert await told(jobs, "gpu-3", "recovered") == [recovered]
+        assert [r.failed_nodes for r in slurm.requeues] == [["gpu-1"], ["gpu-1", "gpu-3"]]
         # The second requeue counts from the restart the first one left.
         assert [r.job.restart_count for r in slurm.requeues] == [0, 1]
-        assert [failed_nodes(v) for v in slurm.verifications] == [["gpu-1"], ["gpu-1", "gpu-3"]]
+        assert [v.failed_nodes for v in slurm.verifications] == [["gpu-1"], ["gpu-1", "gpu-3"]]
+        assert late.requeue.restart_count == recovered.requeue.restart_count == 2
         assert recovered.verification.verified and recovered.verification.restart_count_after == 2
-        assert recovered.requeue.restart_count == 2
         assert [p.node for p in recovered.failed_together] == ["gpu-1", "gpu-3"]
+        assert len((await jobs.heard("gpu-1")).requeued) == 1  # told of its own requeue once
 
 
 async def test_a_failed_requeue_fails_every_incident_that_joined(temporal_env):
     slurm = SlurmStandIn(fail_requeue=True)
     async with job_recovery(temporal_env, slurm) as jobs:
-        outcomes = await asyncio.gather(jobs.join("gpu-1"), jobs.join("gpu-2"), return_exceptions=True)
-        for outcome in outcomes:
-            assert isinstance(outcome, WorkflowUpdateFailedError), outcome
+        await asyncio.gather(jobs.join("gpu-1"), jobs.join("gpu-2"))
+        for node in ("gpu-1", "gpu-2"):
             # As the incident's own requeue would have failed: its cause's type and message.
-            assert isinstance(outcome.cause, ApplicationError) and outcome.cause.type == "SlurmCommandError"
-            assert outcome.cause.message == "scontrol requeuehold: Invalid job id"
-        assert len(slurm.requeues) == 1
+            [failure] = await until(lambda node=node: told(jobs, node, "failed"), f"{node} to hear of the failure")
+            assert (failure.error_type, failure.message) == ("SlurmCommandError", "scontrol requeuehold: Invalid job id")
+            assert not (await jobs.heard(node)).requeued
 
 
 async def test_a_join_for_another_job_is_refused_and_changes_nothing(temporal_env):
     slurm = SlurmStandIn()
     async with job_recovery(temporal_env, slurm) as jobs:
-        first = await jobs.join("gpu-1")
-        handle = temporal_env.client.get_workflow_handle(jobs.workflow_id, run_id=first.run_id)
+        run = await jobs.join("gpu-1")
+        handle = temporal_env.client.get_workflow_handle(jobs.workflow_id, run_id=run)
+        await until(lambda: told(jobs, "gpu-1", "requeued"), "gpu-1 to hear of its requeue")
         events = len([e async for e in handle.fetch_history_events()])
         with pytest.raises(WorkflowUpdateFailedError) as refused:
             await jobs.join("gpu-2", job=JOB.model_copy(update={"job_id": 43}))
         assert "this is the recovery of job 42, not 43" in str(refused.value.cause)
         assert len([e async for e in handle.fetch_history_events()]) == events  # refused in the validator
         assert len(slurm.requeues) == 1
-        await handle.terminate("test over")
-

@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
 # the incidents on the job's nodes share. No quarantined_among: the lease's answer says which spares are lemons.
 ACTIVITIES_OF_A_FATAL_XID = {"incident_policy", "classify_fault", "drain_node", "find_jobs", "fence_scope", "request_lease",
                              "signal_job", "join_job_recovery", "mark_node_down", "request_replacement",
-                             "wait_for_spare", "job_verification", "record_incident", "write_audit"}
+                             "wait_for_spare", "ask_job_verification", "record_incident", "write_audit"}
 ACTIVITIES_OF_A_JOB_RECOVERY = {"requeue_job", "verify_restart"}
 
 
