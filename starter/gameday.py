@@ -47,7 +47,13 @@ from activities.xid_policy import XidPolicyTable
 from contracts.models import IncidentReport, NodeFailureAlert, RecoveryPolicy, SlurmJob
 from starter.alerts import raise_alert
 from starter.drill import Drill, DrillOptions, DrillResult, DrillRun
-from starter.faults import activity_starts, kill_worker, wait_for_history_point, worker_identities
+from starter.faults import (
+    activity_starts,
+    job_recovery_started,
+    kill_worker,
+    wait_for_history_point,
+    worker_identities,
+)
 from starter.localstack import LocalStack, StackError, wait_async
 from workflows.job_recovery import job_recovery_workflow_id
 
@@ -220,7 +226,7 @@ def side_effects_slo(found: SideEffects, spares_expected: int) -> Slo:
 
 
 async def activity_attempts(handle: WorkflowHandle, activity_type: str) -> int:
-    """How many times the incident's history shows the activity started (retries included)."""
+    """How many times the workflow's history shows the activity started (retries included)."""
     return sum(started.attempt for started in await activity_starts(handle, activity_type))
 
 
@@ -284,13 +290,15 @@ async def play_application(game: GameDay, scenario: Scenario) -> tuple[list[Slo]
 
 async def play_worker_crash(game: GameDay, scenario: Scenario) -> tuple[list[Slo], list[str]]:
     run = await game.drill.start(DrillOptions(xid=79))
-    await wait_for_history_point(run.handle, "requeue_job", "started", timeout=60)
+    # The requeue runs in the job's recovery (workflows/job_recovery.py), which the incident joins.
+    job_recovery = await job_recovery_started(game.drill.client, game.drill.stack.task_queue, run.job_id, 60)
+    await wait_for_history_point(job_recovery, "requeue_job", "started", timeout=60)
     killed = await asyncio.to_thread(kill_worker, game.stack)
     game.say(f"SIGKILLed worker {killed} with the requeue in flight; starting a new one")
     game.stack.start_worker(game.cluster)
     successor = int(game.stack.worker_pidfile.read_text())
     result = await game.drill.finish(run, game.timeout)
-    attempts = await activity_attempts(run.handle, "requeue_job")
+    attempts = await activity_attempts(job_recovery, "requeue_job")
     identities = await worker_identities(run.handle)
     finished_by_successor = any(i.startswith(f"{successor}@") for i in identities)
     return [*await recovery_slos(game, scenario, result),
