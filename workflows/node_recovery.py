@@ -554,8 +554,10 @@ class NodeRecoveryWorkflow:
             # A final failure (a node or job Slurm does not know, a deadline passed): the incident
             # ends in an explicit failed state, with the report of what was done before it.
             why = f"failed in {self._phase}: {_cause(err)}"
-        except (FenceHeld, JobRecoveryFailed) as stopped:
-            why = str(stopped) if isinstance(stopped, FenceHeld) else f"failed in {self._phase}: {stopped}"
+        except JobRecoveryFailed as failed:
+            why = f"failed in {self._phase}: {failed}"
+        except FenceHeld as held:
+            why = str(held)
         except IncidentAborted:
             assert self._abort is not None
             why = f"aborted by {self._abort.actor} in {self._phase}: {self._abort.reason}; node left as it was"
