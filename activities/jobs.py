@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
@@ -199,10 +199,14 @@ class JobActivities:
     async def verify_restart(self, req: VerifyRequest) -> JobVerification:
         """Polls until the job runs again as it should, or the deadline passes (then it says why)."""
         deadline = time.monotonic() + req.deadline_seconds
+        first_look = True
         while True:
             result, hopeless = await self._check_restart(req)
+            if result.verified:
+                result.verified_at = _verified_at(result, seen_now=not first_look)
             if result.verified or hopeless or time.monotonic() >= deadline:
                 return result
+            first_look = False
             activity.heartbeat(result.why_not)
             await asyncio.sleep(POLL_SECONDS)
 
@@ -271,6 +275,16 @@ class JobActivities:
         else:
             result.progress_step_after = progress.step
         return wrong_checkpoint
+
+
+def _verified_at(result: JobVerification, seen_now: bool) -> datetime:
+    """When the job was back: now, when this attempt saw it come back; found back at its first look
+    (the attempt before it died with its worker, or none was running), the job's own record of its
+    restart, so the incident's timeline says when the job came back, not when a worker looked."""
+    now = datetime.now(timezone.utc)
+    if seen_now or result.resumed_at is None:
+        return now
+    return min(now, result.resumed_at)
 
 
 def _pinned_to(job: SlurmJob, nodes: list[str]) -> list[str]:

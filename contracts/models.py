@@ -540,6 +540,9 @@ class JobVerification(Contract):
     resume: ResumeRecord | None = None
     resumed_at: datetime | None = None
     progress_step_after: int | None = None
+    verified_at: datetime | None = Field(
+        None, description="when the job was back as it should be: the poll that saw it, or, when the first look "
+        "of an attempt already found it so (its worker had died meanwhile), the job's own record of its restart")
 
 
 class PeerIncident(Contract):

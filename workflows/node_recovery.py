@@ -309,17 +309,24 @@ class NodeRecoveryWorkflow:
     def _peer_nodes(self) -> list[str]:
         return sorted({n for j in self._jobs for n in j.job.nodes if n != self._node})
 
-    async def _step(self, name: str, work: Awaitable[T], abortable: bool = True, index_now: bool = True) -> T:
+    async def _step(self, name: str, work: Awaitable[T], abortable: bool = True, index_now: bool = True,
+                    done_at: Callable[[T], datetime | None] | None = None) -> T:
         """One phase of the incident. `index_now=False` for a step that ends within the workflow
-        task it starts in (a local activity): its phase goes with the next step's upsert."""
+        task it starts in (a local activity): its phase goes with the next step's upsert.
+        `done_at`: when the step's work was done as the work recorded it (a Slurm write, a spare in
+        service, a job back). The phase ends then, not when the workflow heard of it: a worker
+        that died in between would otherwise add its absence to the step (issue #29, item 7)."""
         phase = Phase(name=name, started_at=workflow.now())
         self._phases.append(phase)
         self._phase = name
         self._index([sa.PHASE.value_set(name)], now=index_now)
         try:
-            return await (self._unless_aborted(work) if abortable else work)
+            result = await (self._unless_aborted(work) if abortable else work)
         finally:
             phase.ended_at = workflow.now()
+        if done_at is not None and (at := done_at(result)) is not None:
+            phase.ended_at = min(phase.ended_at, max(phase.started_at, at))
+        return result
 
     async def _unless_aborted(self, work: Awaitable[T]) -> T:
         """The step's result, or IncidentAborted as soon as an operator aborts (the step's
@@ -604,14 +611,15 @@ class NodeRecoveryWorkflow:
                                           "stopping their processes") == "deny":
             return self._finish(first, action, f"denied: requeue ({self._decisions[-1].actor}: "
                                 f"{self._decisions[-1].reason}); node stays drained, jobs left running", [], None)
-        requeued = await self._step("requeue", self._requeue(jobs, req.node, ctx, policy))
+        requeued = await self._step("requeue", self._requeue(jobs, req.node, ctx, policy),
+                                    done_at=lambda results: _last_at([a for r in results for a in r.actions]))
         if fence.owned_by_other:
             self._skip("mark_down", "left as found: drained by someone else")
         else:
             down = await self._step("mark_down", workflow.execute_activity_method(
                 FencingActivities.mark_node_down, NodeRequest(node=req.node, ctx=ctx),
                 summary=f"Mark {req.node} DOWN in Slurm now that its jobs are off it", **SLURM_CALL,
-            ))
+            ), done_at=lambda marked: marked.action.at)
             self._actions.append(down.action)
             self._note(down.action.detail)
 
@@ -637,7 +645,8 @@ class NodeRecoveryWorkflow:
             return self._finish(first, action, f"dry_run: {intended} action(s) intended, none executed", [], None)
 
         verifications = await self._step("verify", self._verify(jobs, requeued, req.node,
-                                                                 policy.verify_deadline_seconds))
+                                                                 policy.verify_deadline_seconds),
+                                         done_at=_all_verified_at)
         self._note("; ".join(f"job {v.job_id}: {'ok' if v.verified else ', '.join(v.why_not)}" for v in verifications))
         outcome = _outcome(no_replacement, spare, verifications)
         if not fence.owned_by_other:
@@ -656,7 +665,7 @@ class NodeRecoveryWorkflow:
             SPARE_CLAIM_LOCK) else workflow.execute_activity_method(
             ReplacementActivities.request_replacement, request,
             summary=f"Request replacement capacity for {node}", **SLURM_CALL,
-        ))
+        ), done_at=lambda replaced: _last_at(replaced.actions))
         self._actions.extend(replacement.actions)
         self._note(f"{replacement.provider}: {replacement.node or 'none'} ({replacement.detail})"
                    + (f"; quarantined spares passed over: {', '.join(lemons)}" if lemons else ""))
@@ -671,7 +680,7 @@ class NodeRecoveryWorkflow:
             summary=f"Wait for {replacement.node} to be healthy and in service",
             start_to_close_timeout=timedelta(seconds=policy.spare_wait_seconds + 60),
             heartbeat_timeout=HEARTBEAT, retry_policy=SLURM_RETRY,
-        ))
+        ), done_at=lambda waited: waited.in_service_at)
         self._note(spare.detail)
         return None, spare
 
@@ -735,7 +744,7 @@ class NodeRecoveryWorkflow:
         fence = await self._step("fence_k8s_node", workflow.execute_activity_method(
             KubernetesActivities.fence_k8s_node, K8sNodeRequest(node=pod.node, ctx=ctx),
             summary=f"Cordon and taint Node {pod.node}, set its condition", **K8S_CALL,
-        ))
+        ), done_at=lambda fenced: _last_at(fenced.actions))
         self._actions.extend(fence.actions)
         self._note("; ".join(a.detail for a in fence.actions) or "already fenced by this incident")
         return pod, fence.prior.fenced_at if fence.prior else workflow.now()
@@ -758,7 +767,7 @@ class NodeRecoveryWorkflow:
             KubernetesActivities.request_k8s_replacement,
             K8sReplacementRequest(failed_node=pod.node or "", slurm_node=pod.slurm_node, ctx=ctx),
             summary=f"Request replacement capacity for Node {pod.node}", **K8S_REPLACEMENT,
-        ))
+        ), done_at=lambda replaced: _last_at(replaced.actions))
         self._actions.extend(replacement.actions)
         self._note(f"{replacement.provider}: {replacement.detail}")
         if not replacement.accepted:
@@ -773,7 +782,7 @@ class NodeRecoveryWorkflow:
             summary="Wait for a new slurmd pod on a healthy Node, idle in Slurm",
             start_to_close_timeout=timedelta(seconds=policy.spare_wait_seconds + 60),
             heartbeat_timeout=K8S_HEARTBEAT, retry_policy=K8S_RETRY,
-        ))
+        ), done_at=lambda found: found.in_service_at)
         self._note(f"{found.slurm_node or '-'} on Node {found.node or '-'}: {found.detail}")
         spare = SpareResult(node=found.slurm_node or pod.slurm_node, healthy=found.healthy,
                             in_service_at=found.in_service_at, detail=f"Node {found.node}: {found.detail}")
@@ -820,7 +829,7 @@ class NodeRecoveryWorkflow:
         fence = await self._step("drain", self._fence_call(
             FencingActivities.drain_node, NodeRequest(node=req.node, ctx=ctx),
             f"Drain {req.node} in Slurm: no new work lands on it",
-        ), index_now=not self._fence_in_one_task)
+        ), index_now=not self._fence_in_one_task, done_at=lambda drained: drained.action.at)
         self._actions.append(fence.action)
         self._note(fence.action.detail)
         return fence
@@ -1026,6 +1035,17 @@ class JobRecoveryFailed(Exception):
 
 class IncidentAborted(Exception):
     """An operator aborted the incident (update `abort`): it stops before its next step."""
+
+
+def _last_at(actions: list[ActionRecord]) -> datetime | None:
+    """When the last of a step's side effects was done, as its activity stamped it."""
+    return max((action.at for action in actions), default=None)
+
+
+def _all_verified_at(verifications: list[JobVerification]) -> datetime | None:
+    """When the last job was back, if every verification says when."""
+    times = [v.verified_at for v in verifications if v.verified_at is not None]
+    return max(times) if verifications and len(times) == len(verifications) else None
 
 
 async def _known(value: T) -> T:

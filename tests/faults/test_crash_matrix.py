@@ -10,7 +10,7 @@ own restart count, slurmctld's log), one drain (slurmctld's log), one spare clai
 costs that step's start-to-close timeout (30 s) before another worker retries it. A spare that
 died is never reported as a recovery: the incident ends spare_unhealthy (or no_replacement).
 
-The incidents run against a dev server of this module (its own port and sqlite file), so that it
+The incidents run against a dev server of this module (tests/faults/conftest.py), so that it
 can be killed without touching the session's. The worker-kill cases run on the host's Slurm
 generation only, the dev-server, slurmctld and slurmd cases on the other one: every case on both
 would take twice the ~8 minutes this module may take.
@@ -19,19 +19,12 @@ would take twice the ~8 minutes this module may take.
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
-import socket
 import uuid
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
-import pytest_asyncio
 from temporalio.api.enums.v1 import PendingActivityState
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from starter.drill import SimulatedKubernetes
 from starter.faults import (
@@ -44,14 +37,14 @@ from starter.faults import (
     wait_for_history_point,
     worker_identities,
 )
-from starter.localstack import DEBIAN_RELEASE_OF_GENERATION, LocalStack, host_slurm_generation, wait_async
+from starter.localstack import DEBIAN_RELEASE_OF_GENERATION, host_slurm_generation, wait_async
 from tests.faults.crash_support import Case, check_recovered_once
 from tests.integration.conftest import stack_settings
 from tests.integration.test_incident_safety import WebhookReceiver
-from worker import register_search_attributes
 from workflows.spare_claim import spare_claim_workflow_id
 
-pytestmark = pytest.mark.slurm
+# Each case names its one generation (HOST or OTHER), so the module must not be cut to the newest.
+pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]
 
 INCIDENT_SECONDS = 300
 # Where the worker dies. "scheduled": as soon as the step's activity is scheduled, which in
@@ -75,40 +68,6 @@ POINTS = [("drain_node", DRAINED), ("request_lease", "completed"), ("signal_job"
           ("record_incident", "scheduled")]
 HOST = host_slurm_generation()
 OTHER = next(g for g in DEBIAN_RELEASE_OF_GENERATION if g != HOST)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest_asyncio.fixture(scope="module")
-async def crash_temporal() -> AsyncIterator[tuple[LocalStack, Client]]:
-    """A dev server of this module on a fresh sqlite file, and a client to it."""
-    state = Path(os.environ.get("RECOVERY_TEST_STATE_DIR", "/tmp/training-recovery-tests")) / "crash-temporal"
-    server = LocalStack(state_dir=state, temporal_port=free_port(), ui_port=free_port())
-    server.stop_temporal()  # one left by an interrupted run
-    shutil.rmtree(state, ignore_errors=True)
-    try:
-        server.start_temporal()
-        client = await Client.connect(server.temporal_address, data_converter=pydantic_data_converter)
-        await register_search_attributes(client, client.namespace)
-        yield server, client
-    finally:
-        server.stop_temporal()
-
-
-@pytest_asyncio.fixture
-async def case(crash_temporal, local_stack, slurm_cluster) -> AsyncIterator[Case]:
-    server, client = crash_temporal
-    task_queue = f"crash-{uuid.uuid4()}"
-    stack = dataclasses.replace(local_stack, temporal_port=server.temporal_port)
-    crash = Case.on(client, stack, slurm_cluster, stack_settings(local_stack, slurm_cluster, task_queue))
-    try:
-        yield crash
-    finally:
-        await crash.end()
 
 
 async def history_of(case: Case, activity: str) -> WorkflowHandle:
