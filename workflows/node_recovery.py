@@ -56,7 +56,6 @@ with workflow.unsafe.imports_passed_through():
         NodeRequest,
         OperatorDecision,
         PeerIncident,
-        Phase,
         RecoveryPolicy,
         RecoveryRequest,
         ReplacementRequest,
@@ -100,6 +99,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.notify import notify
     from workflows.operator_check import OperatorCheck
     from workflows.report import build_report
+    from workflows.timeline import Timeline
     from workflows.return_to_service import ReturnToServiceWorkflow, return_to_service_workflow_id
     from workflows.spare_claim import SpareClaimWorkflow, spare_claim_workflow_id
 
@@ -150,9 +150,8 @@ class NodeRecoveryWorkflow:
     def __init__(self, req: RecoveryRequest) -> None:
         self._incident_id = ""
         self._node = req.node  # known before the first signal: only this node's alerts are kept
-        self._phase = "starting"
+        self._timeline = Timeline()
         self._alerts = AlertLog()
-        self._phases: list[Phase] = []
         self._actions: list[ActionRecord] = []
         self._classification: FaultClassification | None = None
         self._jobs: list[JobSnapshot] = []
@@ -242,7 +241,7 @@ class NodeRecoveryWorkflow:
 
     def _why_no_approval(self) -> str | None:
         if self._awaiting is None or self._answer is not None:
-            return f"incident {self._incident_id or self._node} awaits no approval (phase {self._phase})"
+            return f"incident {self._incident_id or self._node} awaits no approval (phase {self._timeline.current})"
         return None
 
     async def _answer_gate(self, kind: Literal["approve", "deny"], decision: OperatorDecision) -> IncidentStatus:
@@ -293,12 +292,12 @@ class NodeRecoveryWorkflow:
         return IncidentStatus(
             incident_id=self._incident_id,
             node=self._node,
-            phase=self._phase,
+            phase=self._timeline.current,
             xid=self._alerts.first.xid if self._alerts.first else None,
             fault_class=self._classification.fault_class if self._classification else None,
             alerts=self._alerts.kept(),
             alert_counts=self._alerts.counts(),
-            phases=self._phases,
+            phases=self._timeline.phases,
             actions=self._actions,
             outcome=self._outcome,
             peer_nodes=self._peer_nodes(),
@@ -316,16 +315,14 @@ class NodeRecoveryWorkflow:
         `done_at`: when the step's work was done as the work recorded it (a Slurm write, a spare in
         service, a job back). The phase ends then, not when the workflow heard of it: a worker
         that died in between would otherwise add its absence to the step (issue #29, item 7)."""
-        phase = Phase(name=name, started_at=workflow.now())
-        self._phases.append(phase)
-        self._phase = name
+        phase = self._timeline.begin(name, workflow.now())
         self._index([sa.PHASE.value_set(name)], now=index_now)
         try:
             result = await (self._unless_aborted(work) if abortable else work)
-        finally:
-            phase.ended_at = workflow.now()
-        if done_at is not None and (at := done_at(result)) is not None:
-            phase.ended_at = min(phase.ended_at, max(phase.started_at, at))
+        except BaseException:
+            self._timeline.end(phase, workflow.now())
+            raise
+        self._timeline.end(phase, workflow.now(), done_at(result) if done_at is not None else None)
         return result
 
     async def _unless_aborted(self, work: Awaitable[T]) -> T:
@@ -466,7 +463,7 @@ class NodeRecoveryWorkflow:
             self._unindexed = {}
 
     def _note(self, result: str) -> None:
-        self._phases[-1].result = result
+        self._timeline.note(result)
 
     @workflow.run
     async def run(self, req: RecoveryRequest) -> IncidentReport:
@@ -560,14 +557,14 @@ class NodeRecoveryWorkflow:
         except ActivityError as err:
             # A final failure (a node or job Slurm does not know, a deadline passed): the incident
             # ends in an explicit failed state, with the report of what was done before it.
-            why = f"failed in {self._phase}: {_cause(err)}"
+            why = f"failed in {self._timeline.current}: {_cause(err)}"
         except JobRecoveryFailed as failed:
-            why = f"failed in {self._phase}: {failed}"
+            why = f"failed in {self._timeline.current}: {failed}"
         except FenceHeld as held:
             why = str(held)
         except IncidentAborted:
             assert self._abort is not None
-            why = f"aborted by {self._abort.actor} in {self._phase}: {self._abort.reason}; node left as it was"
+            why = f"aborted by {self._abort.actor} in {self._timeline.current}: {self._abort.reason}; node left as it was"
         self._note(why)
         return self._finish(first, action, why, [], None)
 
@@ -864,8 +861,7 @@ class NodeRecoveryWorkflow:
         return (await self._step(f"approval_{gate}", self._gate(gate, question, policy))).kind
 
     def _skip(self, name: str, why: str) -> None:
-        now = workflow.now()
-        self._phases.append(Phase(name=name, started_at=now, ended_at=now, result=f"skipped: {why}"))
+        self._timeline.skip(name, why, workflow.now())
 
     async def _signal_jobs(self, jobs: list[JobSnapshot], ctx: ActionContext) -> None:
         signalled = await self._for_each_job(jobs, lambda snap: self._signal_job(snap, ctx))
@@ -1012,12 +1008,12 @@ class NodeRecoveryWorkflow:
         if any(not a.executed for a in self._actions) and not outcome.startswith("dry_run"):
             outcome = f"dry_run: {outcome} (nothing executed)"
         self._outcome = outcome
-        self._phase = "done"
+        self._timeline.finish()
         self._index([sa.PHASE.value_set("done"), sa.OUTCOME.value_set(outcome_label(outcome))])
         workflow.set_current_details(f"Incident {self._incident_id} on {self._node}: {outcome}")
         return build_report(
             incident_id=self._incident_id, node=self._node, classification=self._classification,
-            action=action, outcome=outcome, failure_at=first.observed_at, phases=self._phases,
+            action=action, outcome=outcome, failure_at=first.observed_at, phases=self._timeline.phases,
             jobs=self._jobs, verifications=verifications, spare=spare, alerts=self._alerts.kept(), alert_counts=self._alerts.counts(),
             actions=self._actions,
             decisions=self._decisions, return_to_service=self._return_to_service,
