@@ -65,8 +65,8 @@ class StormResult:
                          f"{run['cpu_bound_alerts_per_s']} alerts/s); load average {run['load_average']}")
         lines += [f"  Temporal alone {i + 1}: {b.seconds:.2f} s, p99 {b.p99_ms:.1f} ms per call"
                   for i, b in enumerate(self.baseline)]
-        lines.append("  (the storm's own benchmark: `python -m bench storm`; figures and analysis in the README's "
-                     "alert-hooks section)")
+        lines.append("  (the storm's own benchmark: `python -m bench storm`; figures and analysis in "
+                     "docs/benchmarks.md, \"Alert storm\", and docs/alert-hooks.md, \"Performance\")")
         return "\n".join(lines)
 
 
