@@ -99,26 +99,20 @@ with workflow.unsafe.imports_passed_through():
     from workflows.notify import notify
     from workflows.operator_check import OperatorCheck
     from workflows.report import build_report
-    from workflows.timeline import Timeline
+    from workflows.incident.timeline import Timeline
     from workflows.return_to_service import ReturnToServiceWorkflow, return_to_service_workflow_id
     from workflows.spare_claim import SpareClaimWorkflow, spare_claim_workflow_id
 
 T = TypeVar("T")
 
-# Runs that start on this code take fewer round trips through the server: classify as a local
-# activity, search attributes upserted together, the jobs signalled and requeued at once, the
-# node's partitions read alongside its jobs. Runs begun before keep their path (docs/upgrades.md).
+# Retired patches (docs/upgrades.md, step 2): every run takes their path, and the histories that
+# carry their markers still replay. Issue #7's: fewer round trips through the server (classify as
+# a local activity, search attributes upserted together, the jobs signalled and requeued at once,
+# the partitions read alongside the jobs); each hot spare claimed through its SpareClaimWorkflow;
+# the quarantined spares taken from the lease's answer; the fence in the first workflow task.
 FEWER_ROUND_TRIPS = "fewer-round-trips"
-# Runs that start on this code claim each hot spare through SpareClaimWorkflow (one claim per
-# spare at a time, across workers); runs begun before keep the single request_replacement call.
 SPARE_CLAIM_LOCK = "spare-claim-lock"
-# Runs that start on this code take the quarantined spares from the lease's answer, not a query.
 LEMONS_FROM_LEASE = "lemons-from-lease"
-# Runs that start on this code fence the node in their first workflow task: the drain, the read of
-# its jobs and partitions and the lease request are local activities, as are the signals (in the
-# same task when the budget grants the lease in its update's reply, else in the task that hears the
-# grant by signal). Each was a round trip through the server (a workflow task, a task-queue
-# dispatch, three history events) before the first signal; runs begun before keep them.
 FENCE_IN_ONE_TASK = "fence-in-one-task"
 # Runs that start on this code ask the fleet budget's fence circuit breaker before the drain.
 FENCE_BREAKER = "fence-breaker"
@@ -167,8 +161,6 @@ class NodeRecoveryWorkflow:
         self._audit = AuditTrail()
         self._operators = OperatorCheck(self._audit)
         self._notify_enabled = False
-        self._fewer_round_trips = False
-        self._fence_in_one_task = False
         self._fence_breaker = False
         self._idle_node_keeps_spare = False
         self._policy_from_worker = False
@@ -370,7 +362,7 @@ class NodeRecoveryWorkflow:
         `partitions`: the node's partitions being read already, or None to read them now."""
         shares = await (partitions if partitions is not None else self._read_partitions(node))
         lease = await self._lease.request(self._incident_id, node, shares, job_ids=[snap.job.job_id for snap in jobs],
-                                          in_task=self._fence_in_one_task)
+                                          in_task=True)
         if lease.waiting:
             self._note(f"over budget, waiting drained with nothing killed: {lease.reason}")
             await self._ask("budget", f"put {node} under remediation although the fleet disruption budget is "
@@ -395,7 +387,7 @@ class NodeRecoveryWorkflow:
         fence_hold_seconds pass. Returns why the node stays undrained, or None: fence it."""
         scope = self._fence_scope = await self._fence_call(
             FencingActivities.fence_scope, node, f"Read {node}'s Slurm partitions and the cluster's size")
-        state = await self._lease.ask_to_fence(self._incident_id, node, scope, in_task=self._fence_in_one_task)
+        state = await self._lease.ask_to_fence(self._incident_id, node, scope, in_task=True)
         if state.fence_held:
             hold = timedelta(seconds=policy.fence_hold_seconds)
             self._note(f"held, nothing drained: {state.reason}")
@@ -419,12 +411,8 @@ class NodeRecoveryWorkflow:
 
     def _fence_call(self, activity: Callable[..., Awaitable[T]], arg: object, summary: str,
                     at_once: bool = False) -> Awaitable[T]:
-        """A Slurm call of the fence, up to the first signal: tried first as a local activity in
-        runs since FENCE_IN_ONE_TASK (see _locally_first), an activity in runs before. Scheduled
-        when awaited, or `at_once` (to run alongside what follows)."""
-        if not self._fence_in_one_task:
-            call = workflow.start_activity_method if at_once else workflow.execute_activity_method
-            return call(activity, arg, summary=summary, **SLURM_CALL)
+        """A Slurm call of the fence, up to the first signal: tried first as a local activity (see
+        _locally_first). Scheduled when awaited, or `at_once` (to run alongside what follows)."""
         tried = (workflow.start_local_activity_method(activity, arg, summary=summary, **SLURM_QUICK_TRY)
                  if at_once else None)
         work = self._locally_first(activity, arg, summary, tried)
@@ -453,12 +441,11 @@ class NodeRecoveryWorkflow:
 
     def _index(self, updates: list[SearchAttributeUpdate], now: bool = True) -> None:
         """Upserts the search attributes with those kept since the last upsert; now=False keeps
-        them for the next one (runs begun before FEWER_ROUND_TRIPS upsert at once). Every upsert
-        is a command, a history event and a visibility write."""
+        them for the next one. Every upsert is a command, a history event and a visibility write."""
         if not self._indexed:
             return
         self._unindexed.update((update.key.name, update) for update in updates)
-        if now or not self._fewer_round_trips:
+        if now:
             workflow.upsert_search_attributes(list(self._unindexed.values()))
             self._unindexed = {}
 
@@ -504,8 +491,8 @@ class NodeRecoveryWorkflow:
         activity ends makes the SDK (1.35) complete the task with the activity's marker, and the
         workflow sees the result in the task after. On replay it sees it in the first task, before
         that task's patches are known, and takes the old path (a nondeterminism error)."""
-        self._fewer_round_trips = workflow.patched(FEWER_ROUND_TRIPS)
-        self._fence_in_one_task = workflow.patched(FENCE_IN_ONE_TASK)
+        workflow.deprecate_patch(FEWER_ROUND_TRIPS)
+        workflow.deprecate_patch(FENCE_IN_ONE_TASK)
         self._fence_breaker = workflow.patched(FENCE_BREAKER)
         self._idle_node_keeps_spare = workflow.patched(IDLE_NODE_KEEPS_SPARE)
         self._policy_from_worker = workflow.patched(POLICY_FROM_WORKER)
@@ -515,7 +502,7 @@ class NodeRecoveryWorkflow:
         # The fence's local activities carry the incident id to Slurm before the first workflow task
         # is recorded: a worker that dies in that task leaves the next to run it again, at a later
         # now(). The run's start time is the same in every attempt; runs begun before keep now().
-        opened = workflow.info().workflow_start_time if self._fence_in_one_task else workflow.now()
+        opened = workflow.info().workflow_start_time
         self._incident_id = f"{req.node}-{opened:%Y%m%dT%H%M%SZ}"
         await workflow.wait_condition(lambda: self._alerts.first is not None)
         first = self._alerts.first
@@ -529,9 +516,7 @@ class NodeRecoveryWorkflow:
 
         # A local activity: a lookup in the policy table held in memory takes milliseconds, and
         # runs within the incident's first workflow task instead of a round trip through the server.
-        classify = (workflow.execute_local_activity_method if self._fewer_round_trips
-                    else workflow.execute_activity_method)
-        cls = self._classification = await self._step("classify", classify(
+        cls = self._classification = await self._step("classify", workflow.execute_local_activity_method(
             ClassifyActivities.classify_fault, first, start_to_close_timeout=timedelta(seconds=30),
             summary=f"Classify XID {first.xid} by the fault policy table",
         ), abortable=False, index_now=False)  # the report needs the classification
@@ -579,10 +564,10 @@ class NodeRecoveryWorkflow:
         takes_lease = policy.fleet_budget and not policy.dry_run
         # The budget needs the node's partitions: read (a read only) with its jobs, not after them.
         partitions = (_known(self._fence_scope.partitions) if self._fence_scope is not None
-                      else self._read_partitions(req.node) if takes_lease and self._fewer_round_trips else None)
+                      else self._read_partitions(req.node) if takes_lease else None)
         jobs = self._jobs = await self._step("find_jobs", self._fence_call(
             JobActivities.find_jobs, req.node, f"Find the jobs running on {req.node}",
-        ), index_now=not self._fence_in_one_task)
+        ), index_now=False)
         self._note(", ".join(str(j.job.job_id) for j in jobs) or "no jobs")
         self._index([sa.JOB_IDS.value_set([str(j.job.job_id) for j in jobs]),
                      sa.PEER_NODES.value_set(self._peer_nodes())], now=False)
@@ -594,7 +579,7 @@ class NodeRecoveryWorkflow:
                 return self._finish(first, action, f"denied: over budget ({denied.actor}: {denied.reason}); "
                                     "node stays drained, jobs left running", [], None)
 
-        await self._step("signal", self._signal_jobs(jobs, ctx), index_now=not self._fence_in_one_task)
+        await self._step("signal", self._signal_jobs(jobs, ctx), index_now=False)
         if policy.dry_run:
             self._skip("grace", "dry-run: no job was signalled, no checkpoint to wait for")
         elif cls.fault_class == FaultClass.DEGRADING and policy.degrading_grace_seconds > 0:
@@ -658,11 +643,9 @@ class NodeRecoveryWorkflow:
         lemons = await self._quarantined_spares(policy) if policy.fleet_budget and policy.spare_nodes else []
         request = ReplacementRequest(failed_node=node, spare_nodes=[s for s in policy.spare_nodes if s not in lemons],
                                      ctx=ctx)
-        replacement = await self._step("request_replacement", self._claim_spare(request) if workflow.patched(
-            SPARE_CLAIM_LOCK) else workflow.execute_activity_method(
-            ReplacementActivities.request_replacement, request,
-            summary=f"Request replacement capacity for {node}", **SLURM_CALL,
-        ), done_at=lambda replaced: _last_at(replaced.actions))
+        workflow.deprecate_patch(SPARE_CLAIM_LOCK)
+        replacement = await self._step("request_replacement", self._claim_spare(request),
+                                       done_at=lambda replaced: _last_at(replaced.actions))
         self._actions.extend(replacement.actions)
         self._note(f"{replacement.provider}: {replacement.node or 'none'} ({replacement.detail})"
                    + (f"; quarantined spares passed over: {', '.join(lemons)}" if lemons else ""))
@@ -682,13 +665,14 @@ class NodeRecoveryWorkflow:
         return None, spare
 
     async def _quarantined_spares(self, policy: RecoveryPolicy) -> list[str]:
-        """The spares that are quarantined lemons. Runs that start on this code take them from the
+        """The spares that are quarantined lemons, taken from the
         lease's answer (the lemons when the budget last told it), not from a query per incident:
         a spare quarantined since has had an incident of its own, which took it off standby; one
         released since is passed over this once. Without a lease (dry-run), or from a budget that
         does not say, the budget is asked."""
         told = self._lease.state.lemons if self._lease.state is not None else None
-        if told is not None and workflow.patched(LEMONS_FROM_LEASE):
+        if told is not None:
+            workflow.deprecate_patch(LEMONS_FROM_LEASE)
             return [spare for spare in policy.spare_nodes if spare in told]
         return await workflow.execute_activity_method(
             BudgetActivities.quarantined_among, policy.spare_nodes, summary="Which hot spares are quarantined lemons",
@@ -818,7 +802,7 @@ class NodeRecoveryWorkflow:
     async def _drain(self, req: RecoveryRequest, ctx: ActionContext) -> NodeFenceResult:
         if req.policy.fleet_budget and not req.policy.dry_run and self._fence_breaker:
             held = await self._step("breaker", self._pass_breaker(req.node, req.policy),
-                                    index_now=not self._fence_in_one_task)
+                                    index_now=False)
             if held is not None:
                 raise FenceHeld(held)
         await self._notify(NotificationKind.INCIDENT_OPENED,
@@ -826,7 +810,7 @@ class NodeRecoveryWorkflow:
         fence = await self._step("drain", self._fence_call(
             FencingActivities.drain_node, NodeRequest(node=req.node, ctx=ctx),
             f"Drain {req.node} in Slurm: no new work lands on it",
-        ), index_now=not self._fence_in_one_task, done_at=lambda drained: drained.action.at)
+        ), index_now=False, done_at=lambda drained: drained.action.at)
         self._actions.append(fence.action)
         self._note(fence.action.detail)
         return fence
@@ -883,18 +867,8 @@ class NodeRecoveryWorkflow:
                             work: Callable[[JobSnapshot], Awaitable[T]]) -> list[T | BaseException]:
         """work(job) for every job, all at once: each touches only its own job, and the last job
         is reached no later than the first. Outcomes in the jobs' order, a failure as its
-        exception. Runs begun before FEWER_ROUND_TRIPS went one job after another and stopped at
-        the first failure: so they replay."""
-        if self._fewer_round_trips:
-            return list(await asyncio.gather(*(work(snap) for snap in jobs), return_exceptions=True))
-        outcomes: list[T | BaseException] = []
-        for snap in jobs:
-            try:
-                outcomes.append(await work(snap))
-            except ActivityError as err:
-                outcomes.append(err)
-                break
-        return outcomes
+        exception."""
+        return list(await asyncio.gather(*(work(snap) for snap in jobs), return_exceptions=True))
 
     async def _grace(self, jobs: list[JobSnapshot], grace_seconds: float, poll_seconds: float) -> None:
         """Durable grace timer; ends early once every job has written a new complete checkpoint."""

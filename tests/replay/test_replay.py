@@ -21,7 +21,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
-from tests.replay.replaying import replayer, workflow_classes
+from tests.replay.replaying import REPLAY_BUILD_ID, replayer, workflow_classes
 from tests.replay.variants import NodeRecoveryReadingTheClock, NodeRecoveryWithAnExtraStep, NodeRecoveryWithAPatchedStep
 from workflows.node_recovery import NodeRecoveryWorkflow
 
@@ -71,18 +71,23 @@ async def test_recorded_history_replays_on_the_current_code(path):
 # --- the check can fail --------------------------------------------------------------------------
 
 
+def replaying(workflow_class: type) -> Replayer:
+    """A Replayer of one class, on the fixtures' task queue (spare claims are named after it)."""
+    return Replayer(workflows=[workflow_class], data_converter=pydantic_data_converter, build_id=REPLAY_BUILD_ID)
+
+
 async def test_an_unpatched_change_fails_the_replay():
     path = HISTORIES / "xid79-fatal.NodeRecoveryWorkflow.json"
-    replayer = Replayer(workflows=[NodeRecoveryWithAnExtraStep], data_converter=pydantic_data_converter)
+    replayer = replaying(NodeRecoveryWithAnExtraStep)
     with pytest.raises(NondeterminismError):
         await replayer.replay_workflow(load(path))
     # The same history replays on the real class: the failure is the change's, not the fixture's.
-    await Replayer(workflows=[NodeRecoveryWorkflow], data_converter=pydantic_data_converter).replay_workflow(load(path))
+    await replaying(NodeRecoveryWorkflow).replay_workflow(load(path))
 
 
 async def test_a_forbidden_call_in_workflow_code_fails_the_replay():
     path = HISTORIES / "xid79-fatal.NodeRecoveryWorkflow.json"
-    replayer = Replayer(workflows=[NodeRecoveryReadingTheClock], data_converter=pydantic_data_converter)
+    replayer = replaying(NodeRecoveryReadingTheClock)
     # The replayer reports the workflow task's failure, the sandbox's RestrictedWorkflowAccessError.
     with pytest.raises(RuntimeError, match="Cannot access datetime.datetime.now.*RestrictedWorkflowAccessError"):
         await replayer.replay_workflow(load(path))
@@ -90,5 +95,5 @@ async def test_a_forbidden_call_in_workflow_code_fails_the_replay():
 
 async def test_the_same_change_behind_a_patch_replays():
     path = HISTORIES / "xid79-fatal.NodeRecoveryWorkflow.json"
-    replayer = Replayer(workflows=[NodeRecoveryWithAPatchedStep], data_converter=pydantic_data_converter)
+    replayer = replaying(NodeRecoveryWithAPatchedStep)
     await replayer.replay_workflow(load(path))
