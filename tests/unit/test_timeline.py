@@ -1,11 +1,11 @@
-"""The incident's timeline (workflows/timeline.py): a phase ends when its work was done, as the
+"""The incident's timeline (workflows/incident/timeline.py): a phase ends when its work was done, as the
 work recorded it, within the phase's bounds (issue #29, item 7)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from workflows.timeline import DONE, NOT_STARTED, Timeline
+from workflows.incident.timeline import DONE, NOT_STARTED, Timeline
 
 T0 = datetime(2026, 12, 4, 22, 0, tzinfo=timezone.utc)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from contracts.models import Phase
+from contracts.models import ActionRecord, Phase
 
 NOT_STARTED = "starting"
 DONE = "done"
@@ -44,3 +44,8 @@ class Timeline:
 
     def finish(self) -> None:
         self.current = DONE
+
+
+def last_action_at(actions: list[ActionRecord]) -> datetime | None:
+    """When the last of a step's side effects was done, as its activity stamped it."""
+    return max((action.at for action in actions), default=None)
