@@ -11,7 +11,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import Meter
 
 from contracts.models import IncidentReport
-from workflows.node_recovery import outcome_label
+from contracts.search_attributes import outcome_label
 
 METER_NAME = "training_recovery"
 

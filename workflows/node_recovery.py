@@ -70,6 +70,7 @@ with workflow.unsafe.imports_passed_through():
         VerifyRequest,
     )
     from contracts import search_attributes as sa
+    from contracts.search_attributes import outcome_label
     from activities.kubernetes import KubernetesActivities
     from contracts.kubernetes import (
         EvictRequest,
@@ -1030,11 +1031,6 @@ class IncidentAborted(Exception):
 
 async def _known(value: T) -> T:
     return value
-
-
-def outcome_label(outcome: str) -> str:
-    """The outcome's kind, short enough to filter on ("recovered", "failed in drain", ...)."""
-    return outcome.split(":", 1)[0]
 
 
 def _cause(err: ActivityError) -> str:
