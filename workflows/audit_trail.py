@@ -30,8 +30,9 @@ with workflow.unsafe.imports_passed_through():
 
     from activities.audit import write_audit, write_audit_lines
     from contracts.audit import ActorKind, AuditEvent
+    from workflows.call_options import CallOptions
 
-AUDIT_WRITE = dict(
+AUDIT_WRITE = CallOptions(
     start_to_close_timeout=timedelta(seconds=10),
     schedule_to_close_timeout=timedelta(minutes=2),
     retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10)),

@@ -35,14 +35,14 @@ with workflow.unsafe.imports_passed_through():
         QuarantineStatus,
     )
     from contracts.models import OperatorDecision
-    from workflows.call_options import failing_as_activity
+    from workflows.call_options import CallOptions, failing_as_activity
     from workflows.fleet_budget import LEASE_STATE_SIGNAL, FleetBudgetWorkflow
 
 __all__ = ["BudgetLease", "LEASE_STATE_SIGNAL", "check_quarantine"]
 
 # The budget is another workflow on the same cluster: keep asking (a lease is required before any
 # destructive step, so there is no failing open), but never longer than 30 s between attempts.
-BUDGET_CALL = dict(
+BUDGET_CALL = CallOptions(
     start_to_close_timeout=timedelta(seconds=30),
     retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)),
 )

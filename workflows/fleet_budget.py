@@ -71,6 +71,7 @@ with workflow.unsafe.imports_passed_through():
         TimelineKind,
     )
     from workflows.budget_ledger import BudgetLedger
+    from workflows.call_options import CallOptions
 
 from workflows.audit_trail import AuditTrail
 from workflows.notify import notify
@@ -96,7 +97,7 @@ FIND_CLOSED_HOLDERS = "find_closed_holders"
 # activities/telemetry.py: the gauge of nodes in use, kept by the worker that runs the budget.
 RECORD_BUDGET_IN_USE = "record_budget_in_use"
 
-HOLDER_CHECK = dict(
+HOLDER_CHECK = CallOptions(
     start_to_close_timeout=timedelta(minutes=2),
     # A check that fails is skipped; the next one comes holder_check_seconds later.
     retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3),

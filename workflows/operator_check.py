@@ -17,12 +17,13 @@ with workflow.unsafe.imports_passed_through():
     from contracts.models import OperatorSignature
     from contracts.operators import DecisionCheck, DecisionKind
     from workflows.audit_trail import AuditTrail
+    from workflows.call_options import CallOptions
 
 # Runs whose first decision reaches this code verify every decision; a run that took one before
 # took it unverified and replays so (patched() keeps its first answer for the run).
 VERIFIED_OPERATORS = "verified-operators"
-VERIFY_CALL = dict(start_to_close_timeout=timedelta(seconds=10), schedule_to_close_timeout=timedelta(seconds=60),
-                   retry_policy=RetryPolicy(maximum_attempts=3))
+VERIFY_CALL = CallOptions(start_to_close_timeout=timedelta(seconds=10), schedule_to_close_timeout=timedelta(seconds=60),
+                          retry_policy=RetryPolicy(maximum_attempts=3))
 REFUSALS_HEARD = 20
 DECISION_REFUSED = "DecisionRefused"
 
