@@ -50,6 +50,12 @@ from contracts.models import OperatorDecision
 FINISHED_KEPT = 500
 
 
+def _grant_time(lease: Lease) -> datetime:
+    """When a granted lease was granted (set with the grant)."""
+    assert lease.state.granted_at is not None
+    return lease.state.granted_at
+
+
 class BudgetLedger:
     def __init__(self, state: BudgetState, budget_workflow_id: str, budget_epoch: str):
         self.state = state
@@ -64,7 +70,7 @@ class BudgetLedger:
         self._active_by_incident = {lease.state.incident_id: lease for lease in state.leases}
         self._waiting = {lease.state.incident_id: lease for lease in state.leases if lease.state.waiting}
         self._holding = {lease.state.incident_id: lease for lease in sorted(
-            (lease for lease in state.leases if lease.state.granted), key=lambda lease: lease.state.granted_at)}
+            (lease for lease in state.leases if lease.state.granted), key=_grant_time)}
         self._held_per_partition = Counter(p for lease in self._holding.values() for p in set(lease.state.partitions))
         self._held_jobs = Counter(job for lease in self._holding.values() for job in set(lease.request.job_ids))
         self._fence_held = {lease.state.incident_id: lease for lease in state.leases if lease.state.fence_held}

@@ -117,4 +117,4 @@ def failed_for_good(err: ActivityError, retry: RetryPolicy) -> bool:
     """Whether the failure is one that `retry` would not try again: another attempt fails alike."""
     cause = err.cause
     return isinstance(cause, ApplicationError) and (cause.non_retryable
-                                                    or cause.type in retry.non_retryable_error_types)
+                                                    or cause.type in (retry.non_retryable_error_types or ()))

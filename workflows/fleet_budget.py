@@ -267,7 +267,7 @@ class FleetBudgetWorkflow:
                 result=event.kind.value, actor=event.actor, actor_kind=event.actor_kind,
                 parameters={"holders": event.holders, "seq": event.seq},
             )
-            if event.kind in TOLD_TO_INCIDENT and event.incident_id != answered:
+            if event.kind in TOLD_TO_INCIDENT and event.incident_id is not None and event.incident_id != answered:
                 self._to_tell.append(event.incident_id)
             if event.kind in NOTIFIED and self._ledger.policy.notifications:
                 self._to_notify.append(NOTIFIED[event.kind](event))

@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.xid_policy import ClassifyActivities
     from activities.budget import BudgetActivities
     from backends.replacement import HotSparePool
+    from contracts.audit import ActorKind
     from contracts.budget import FenceScope, LeaseState, Notification, NotificationKind, PartitionShare
     from contracts.models import (
         ActionContext,
@@ -276,13 +277,14 @@ class NodeRecoveryWorkflow:
             return f"incident {self._incident_id or self._node} has already ended or been aborted"
         return None
 
-    def _decide(self, kind: str, decision: OperatorDecision, key: str | None) -> DecisionRecord:
+    def _decide(self, kind: Literal["approve", "deny", "abort"], decision: OperatorDecision,
+                key: str | None) -> DecisionRecord:
         record = DecisionRecord(at=workflow.now(), kind=kind, gate=self._awaiting.gate if self._awaiting else None,
                                 actor=decision.actor, reason=decision.reason, verified_by=key)
         self._record_decision(record, "operator")
         return record
 
-    def _record_decision(self, record: DecisionRecord, actor_kind: str) -> None:
+    def _record_decision(self, record: DecisionRecord, actor_kind: ActorKind) -> None:
         self._decisions.append(record)
         self._audit.decision(record.kind + (f"_{record.gate}" if record.gate else ""), incident=self._incident_id,
                              node=self._node, reason=record.reason, result=record.kind, actor=record.actor,
@@ -346,6 +348,7 @@ class NodeRecoveryWorkflow:
                 reason=f"no answer within {policy.approval_timeout_seconds:.0f} s: {policy.approval_timeout_action} by default")
             self._record_decision(self._answer, "policy")
         answer, self._awaiting = self._answer, None
+        assert answer is not None
         self._note(f"{answer.kind} by {answer.actor}: {answer.reason}")
         return answer
 
@@ -519,8 +522,8 @@ class NodeRecoveryWorkflow:
         assert first is not None
         policy = req.policy
         self._indexed = policy.search_attributes
-        self._index([sa.NODE.value_set(req.node), sa.XID.value_set(first.xid)]
-                    + ([sa.GPU.value_set(first.gpu)] if first.gpu else []), now=False)
+        first_updates: list[SearchAttributeUpdate] = [sa.NODE.value_set(req.node), sa.XID.value_set(first.xid)]
+        self._index(first_updates + ([sa.GPU.value_set(first.gpu)] if first.gpu else []), now=False)
         workflow.set_current_details(f"Incident {self._incident_id}: XID {first.xid} on {req.node}, "
                                      f"reported by {first.actor} via {first.source}: {first.reason}")
 
@@ -629,6 +632,7 @@ class NodeRecoveryWorkflow:
             no_replacement, spare = f"denied by {denied.actor}: {denied.reason}", None
             self._skip("request_replacement", no_replacement)
         elif pod is not None:
+            assert fenced_at is not None  # found with the pod
             no_replacement, spare = await self._replace_on_kubernetes(pod, fenced_at, ctx, policy)
         else:
             no_replacement, spare = await self._replace_with_hot_spare(req.node, ctx, policy)
@@ -695,7 +699,7 @@ class NodeRecoveryWorkflow:
         one another incident is claiming at the moment is tried again once that claim has ended."""
         actions: list[ActionRecord] = []
         detail = f"no hot spare on standby among {', '.join(request.spare_nodes) or 'none configured'}"
-        to_try, busy = list(request.spare_nodes), []
+        to_try, busy = list(request.spare_nodes), list[str]()
         for _ in range(CLAIM_BUSY_PASSES):
             busy = []
             for spare in to_try:
