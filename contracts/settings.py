@@ -12,7 +12,7 @@ import json
 import os
 import shlex
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Literal, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from dotenv import dotenv_values
@@ -435,7 +435,8 @@ def _shown(value: object) -> JsonValue:
         return _without_password(value)
     if isinstance(value, Path):
         return str(value)
-    return value
+    # Every other setting is a str (or a str enum), a number, a bool, None or a list of str.
+    return cast(JsonValue, value)
 
 
 def _without_password(url: str) -> str:
