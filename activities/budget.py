@@ -67,7 +67,8 @@ BUDGET_SUMMARY = "Fleet disruption budget and lemon list"
 # The budget's tasks go ahead of the incidents' on the task queue they share (the default key is 3;
 # its runs after a continue-as-new keep it). Every incident waits for the budget's answer before its
 # first signal: behind a storm's backlog of incidents' tasks, one of the budget's waited 110-126 s.
-BUDGET_PRIORITY = Priority(priority_key=1)
+BUDGET_PRIORITY_KEY = 1
+BUDGET_PRIORITY = Priority(priority_key=BUDGET_PRIORITY_KEY)
 
 
 def _starting_budget(workflow_id: str, task_queue: str) -> dict:
@@ -174,12 +175,12 @@ async def give_budget_priority(client: Client, workflow_id: str) -> None:
     try:
         description = (await client.get_workflow_handle(workflow_id).describe()).raw_description
         priority = description.workflow_execution_info.priority
-        if priority.priority_key == BUDGET_PRIORITY.priority_key:
+        if priority.priority_key == BUDGET_PRIORITY_KEY:
             return
         await client.workflow_service.update_workflow_execution_options(UpdateWorkflowExecutionOptionsRequest(
             namespace=client.namespace, workflow_execution=WorkflowExecution(workflow_id=workflow_id),
             workflow_execution_options=WorkflowExecutionOptions(
-                priority=PriorityMessage(priority_key=BUDGET_PRIORITY.priority_key)),
+                priority=PriorityMessage(priority_key=BUDGET_PRIORITY_KEY)),
             update_mask=FieldMask(paths=["priority"])))
     except RPCError as err:
         logger.warning("the fleet budget %s keeps its task-queue priority: Temporal would not change it (%s: %s)",

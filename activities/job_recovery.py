@@ -10,12 +10,12 @@ signal (it waits for them durably, holding no activity open).
 from __future__ import annotations
 
 from temporalio import activity
-from temporalio.client import Client, WithStartWorkflowOperation, WorkflowUpdateFailedError
+from temporalio.client import Client, WithStartWorkflowOperation, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError, FailureError
 from temporalio.service import RPCError, RPCStatusCode
 
-from contracts.models import JobJoin
+from contracts.models import JobJoin, JobRecovered
 from workflows.job_recovery import JobRecoveryWorkflow, job_recovery_workflow_id
 
 
@@ -48,8 +48,10 @@ class JobRecoveryActivities:
     @activity.defn
     async def ask_job_verification(self, job_id: int, run_id: str) -> None:
         """The incident is ready for the verification of the run that took the job off its node."""
-        handle = self._client.get_workflow_handle_for(
-            JobRecoveryWorkflow.run, job_recovery_workflow_id(self._task_queue, job_id), run_id=run_id)
+        # get_workflow_handle_for(JobRecoveryWorkflow.run, ...) is this call, but mypy cannot infer its
+        # types from a run method without a parameter.
+        handle: WorkflowHandle[JobRecoveryWorkflow, JobRecovered] = self._client.get_workflow_handle(
+            job_recovery_workflow_id(self._task_queue, job_id), run_id=run_id, result_type=JobRecovered)
         try:
             await handle.signal(JobRecoveryWorkflow.verify)
         except RPCError as err:

@@ -85,7 +85,7 @@ class JobActivities:
         """Requeue held, keep the job off its failed nodes, release. Safe to retry: Slurm's own
         restart count tells whether an earlier attempt (or another node's incident) already
         requeued the job since the snapshot `req.job`."""
-        job_id, ctx, actions = req.job.job_id, req.ctx, []
+        job_id, ctx, actions = req.job.job_id, req.ctx, list[ActionRecord]()
         if ctx.dry_run:
             return await self._plan_requeue(req)
         failed = req.failed_nodes
