@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from kubernetes import watch
+from kubernetes.client import V1Node, V1NodeSpec, V1NodeStatus, V1ObjectMeta, V1Pod, V1PodSpec
 from kubernetes.client.exceptions import ApiException
 
 from backends.kubernetes.errors import ConflictPersists
@@ -27,6 +28,37 @@ WATCH_GRACE_SECONDS = 10
 
 async def call(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+# The client's models type every field optional. An object the API server sends always has its
+# metadata (with a name and a uid), and a Node or a pod its spec and status: these say so to the
+# type checker, and fail loudly on an object that does not.
+
+
+def meta(obj: V1Node | V1Pod) -> V1ObjectMeta:
+    return _sent(obj.metadata, obj, "metadata")
+
+
+def uid_of(obj: V1Node | V1Pod) -> str:
+    return _sent(meta(obj).uid, obj, "metadata.uid")
+
+
+def node_spec(node: V1Node) -> V1NodeSpec:
+    return _sent(node.spec, node, "spec")
+
+
+def node_status(node: V1Node) -> V1NodeStatus:
+    return _sent(node.status, node, "status")
+
+
+def pod_spec(pod: V1Pod) -> V1PodSpec:
+    return _sent(pod.spec, pod, "spec")
+
+
+def _sent(value: T | None, obj: object, field: str) -> T:
+    if value is None:
+        raise ValueError(f"a {type(obj).__name__} without {field}: not as the API server sends it")
+    return value
 
 
 def status_of(error: BaseException) -> int | None:

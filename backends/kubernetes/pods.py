@@ -8,6 +8,7 @@ the NodeSet's StatefulSet mode, the Node's name in its DaemonSet mode).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -25,7 +26,7 @@ from kubernetes.client import (
 from kubernetes.client.exceptions import ApiException
 
 from backends.kubernetes import calls
-from backends.kubernetes.api import Progress, call, watch_until
+from backends.kubernetes.api import Progress, call, meta, pod_spec, watch_until
 from backends.kubernetes.errors import EvictionBlocked, SlurmdPodNotFound
 from contracts.audit import record
 from contracts.kubernetes import EvictResult, SlurmdPod
@@ -37,11 +38,12 @@ MAX_BACKOFF_SECONDS = 30.0
 def slurmd_pod(pod: V1Pod) -> SlurmdPod:
     conditions = (pod.status.conditions if pod.status else None) or []
     ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+    metadata, spec = meta(pod), pod_spec(pod)
     return SlurmdPod(
-        namespace=pod.metadata.namespace, name=pod.metadata.name, uid=pod.metadata.uid,
-        node=pod.spec.node_name or None, slurm_node=pod.spec.hostname or pod.metadata.name,
-        created_at=pod.metadata.creation_timestamp, ready=ready,
-        terminating=pod.metadata.deletion_timestamp is not None,
+        namespace=metadata.namespace, name=metadata.name, uid=metadata.uid,
+        node=spec.node_name or None, slurm_node=spec.hostname or metadata.name,
+        created_at=metadata.creation_timestamp, ready=ready,
+        terminating=metadata.deletion_timestamp is not None,
     )
 
 
@@ -64,7 +66,7 @@ class SlurmdPods:
                 f"no pod in {self._namespace} matching {self._selector!r} has hostname {slurm_node}")
         return pods[0]
 
-    async def on_nodes(self) -> dict[str, list[SlurmdPod]]:
+    async def on_nodes(self) -> dict[str, builtins.list[SlurmdPod]]:  # list: the method above
         """Every slurmd pod by the Node it is bound to."""
         by_node: dict[str, list[SlurmdPod]] = {}
         for pod in await self.list():
@@ -166,6 +168,6 @@ class SlurmdPods:
 def _message(error: ApiException) -> str:
     """The Status message the server gave (a PDB names itself there), else the HTTP reason."""
     try:
-        return str(json.loads(error.body)["message"])[:300]
+        return str(json.loads(error.body or "")["message"])[:300]
     except (TypeError, ValueError, KeyError):
         return str(error.reason or error.status)

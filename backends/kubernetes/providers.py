@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import httpx
 from kubernetes.client import (
@@ -30,7 +30,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from backends.kubernetes import calls
-from backends.kubernetes.api import Progress, call, update_optimistically
+from backends.kubernetes.api import Progress, call, meta, uid_of, update_optimistically
 from backends.kubernetes.errors import (
     NodeNotFound,
     NodeSetNotFound,
@@ -74,7 +74,8 @@ class NodeSetReplacement:
 
     async def _read(self) -> dict[str, Any]:
         try:
-            return await call(self._objects.get_namespaced_custom_object, *self._args())
+            found = await call(self._objects.get_namespaced_custom_object, *self._args())
+            return cast(dict[str, Any], found)  # a custom object comes as its JSON (the client says object)
         except ApiException as e:
             if e.status == 404:
                 raise NodeSetNotFound(f"{self._target} ({NODESET_GROUP}/{self._ref.version}) does not exist") from e
@@ -125,7 +126,8 @@ class NodeSetReplacement:
 
     async def _scale_to(self, target: int, req: K8sReplacementRequest) -> ActionRecord:
         async def read_scale() -> dict[str, Any]:
-            return await call(self._objects.get_namespaced_custom_object_scale, *self._args())
+            scale = await call(self._objects.get_namespaced_custom_object_scale, *self._args())
+            return cast(dict[str, Any], scale)  # as its JSON, as above
 
         async def write(scale: dict[str, Any]) -> ActionRecord:
             current = scale.get("spec", {}).get("replicas", 0)
@@ -155,18 +157,19 @@ class NodeLifecycleReplacement:
     async def request(self, req: K8sReplacementRequest, progress: Progress) -> K8sReplacementResult:
         name, ctx = req.failed_node, req.ctx
         try:
-            uid = (await self._fencing.read(name)).metadata.uid
+            uid = uid_of(await self._fencing.read(name))
         except NodeNotFound:
             action = record("hand_node_to_lifecycle", name, "none", ctx, "the Node is already gone")
             return K8sReplacementResult(provider=self.name, accepted=True, node=None, detail=action.detail,
                                         actions=[action])
 
         async def write(node: V1Node) -> ActionRecord:
-            labels, annotations = node.metadata.labels or {}, node.metadata.annotations or {}
+            metadata = meta(node)
+            labels, annotations = metadata.labels or {}, metadata.annotations or {}
             if labels.get(self._label_key) == self._label_value and REPLACE_REASON_ANNOTATION in annotations:
                 return record("hand_node_to_lifecycle", name, "none", ctx, "already labelled")
-            node.metadata.labels = labels | {self._label_key: self._label_value}
-            node.metadata.annotations = annotations | {REPLACE_REASON_ANNOTATION: ctx.slurm_reason()}
+            metadata.labels = labels | {self._label_key: self._label_value}
+            metadata.annotations = annotations | {REPLACE_REASON_ANNOTATION: ctx.slurm_reason()}
             invocation = calls.UPDATE_NODE.invocation(dry_run=ctx.dry_run, name=name, body={
                 f"metadata.labels[{self._label_key}]": self._label_value,
                 f"metadata.annotations[{REPLACE_REASON_ANNOTATION}]": ctx.slurm_reason()})
