@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 from google.protobuf.field_mask_pb2 import FieldMask
 from temporalio import activity
+from temporalio.workflow import UpdateMethodMultiParam
 from temporalio.api.common.v1 import Priority as PriorityMessage, WorkflowExecution
 from temporalio.api.workflow.v1 import WorkflowExecutionOptions
 from temporalio.api.workflowservice.v1 import UpdateWorkflowExecutionOptionsRequest
@@ -71,7 +73,7 @@ BUDGET_PRIORITY_KEY = 1
 BUDGET_PRIORITY = Priority(priority_key=BUDGET_PRIORITY_KEY)
 
 
-def _starting_budget(workflow_id: str, task_queue: str) -> dict:
+def _starting_budget(workflow_id: str, task_queue: str) -> dict[str, Any]:
     """The options of a call that starts the budget when none is running, and reaches it when one is."""
     return dict(id=workflow_id, task_queue=task_queue, static_summary=BUDGET_SUMMARY, priority=BUDGET_PRIORITY,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)
@@ -209,11 +211,17 @@ async def reset_breaker(client: Client, signer: DecisionSigner, reason: str,
         "the fence circuit breaker is not tripped (no fleet budget is running)")
 
 
-async def _operator_update(client: Client, workflow_id: str, update, signed: Callable[[str], object],
-                           when_no_budget: str):
+Signed = TypeVar("Signed")
+Answer = TypeVar("Answer")
+
+
+async def _operator_update(client: Client, workflow_id: str,
+                           update: UpdateMethodMultiParam[[FleetBudgetWorkflow, Signed], Answer],
+                           signed: Callable[[str], Signed], when_no_budget: str) -> Answer:
     """An operator's update of the budget's current run, signed for that run; the budget's refusal,
     or no budget running, as ValueError. A run that continued as new meanwhile is asked again once."""
-    for attempt in (1, 2):
+    not_found = None
+    for _attempt in (1, 2):
         try:
             run_id = (await client.get_workflow_handle(workflow_id).describe()).run_id
             handle = client.get_workflow_handle_for(FleetBudgetWorkflow.run, workflow_id, run_id=run_id)
@@ -224,8 +232,8 @@ async def _operator_update(client: Client, workflow_id: str, update, signed: Cal
         except RPCError as err:
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
-            if attempt == 2:
-                raise ValueError(when_no_budget) from err
+            not_found = err
+    raise ValueError(when_no_budget) from not_found
 
 
 async def fleet_budget_status(client: Client, workflow_id: str = FLEET_BUDGET_WORKFLOW_ID) -> BudgetStatus:

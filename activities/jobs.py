@@ -18,6 +18,7 @@ from contracts.audit import record
 from backends.checkpoints import CheckpointStore
 from backends.slurm import SlurmClient, SlurmNotFound
 from contracts.models import (
+    ActionContext,
     ActionRecord,
     CheckpointRef,
     CheckpointWaitRequest,
@@ -140,7 +141,8 @@ class JobActivities:
                       if node.name in others and (node.drained or node.state == "down")
                       and node.reason.startswith(f"{owner}: XID"))
 
-    async def _unpin(self, job: SlurmJob, pinned: list[str], ctx, slurm: SlurmClient | None = None) -> ActionRecord:
+    async def _unpin(self, job: SlurmJob, pinned: list[str], ctx: ActionContext,
+                     slurm: SlurmClient | None = None) -> ActionRecord:
         kept = [node for node in job.required_nodes if node not in pinned]
         call = await (slurm or self._slurm).set_required_nodes(job.job_id, kept)
         return record("unpin_job", f"job {job.job_id}", call, ctx,
@@ -148,7 +150,7 @@ class JobActivities:
                       f"{','.join(pinned)} (policy pinned_jobs=unpin)")
 
     @staticmethod
-    def _left(job: SlurmJob, actions: list[ActionRecord], ctx, why: str,
+    def _left(job: SlurmJob, actions: list[ActionRecord], ctx: ActionContext, why: str,
               left_pinned_to: list[str] | None = None) -> RequeueResult:
         actions.append(record("requeue_job", f"job {job.job_id}", "none", ctx, why))
         return RequeueResult(job_id=job.job_id, requeued_now=False, restart_count=job.restart_count, actions=actions,

@@ -12,7 +12,7 @@ import json
 import os
 import shlex
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar, cast
+from typing import Annotated, Any, Literal, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from dotenv import dotenv_values
@@ -363,7 +363,7 @@ class TelemetrySettings(BaseSettings):
 SettingsModel = TypeVar("SettingsModel", bound=BaseSettings)
 
 
-def load_settings(**overrides) -> Settings:
+def load_settings(**overrides: Any) -> Settings:
     """Settings() with errors that name the variable to fix."""
     return loaded(Settings, **overrides)
 
@@ -372,7 +372,7 @@ def load_telemetry_settings() -> TelemetrySettings:
     return loaded(TelemetrySettings)
 
 
-def loaded(model: type[SettingsModel], **overrides) -> SettingsModel:
+def loaded(model: type[SettingsModel], **overrides: Any) -> SettingsModel:
     """model(**overrides) read from its sources; a bad value raises ConfigError naming its variable."""
     try:
         return model(**overrides)

@@ -18,8 +18,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kubernetes.client import ApiClient, Configuration
+from kubernetes.client.rest import RESTResponse
 from kubernetes.config import load_kube_config
 from kubernetes.config.incluster_config import (
     SERVICE_HOST_ENV_NAME,
@@ -41,8 +43,8 @@ class TimedApiClient(ApiClient):
         super().__init__(configuration)
         self.request_timeout = request_timeout
 
-    def call_api(self, method, url, header_params=None, body=None, post_params=None,  # noqa: ANN001
-                 _request_timeout=None):
+    def call_api(self, method: str, url: str, header_params: Any = None, body: Any = None, post_params: Any = None,
+                 _request_timeout: Any = None) -> RESTResponse:
         return super().call_api(method, url, header_params, body, post_params,
                                 self.request_timeout if _request_timeout is None else _request_timeout)
 
