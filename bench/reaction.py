@@ -93,7 +93,7 @@ class ReactionResult:
                  f"  not counted: the worker's first incident, {self.warm_up.seconds * 1000:.0f} ms (its first "
                  "imports and connections; a worker in service is long-running)",
                  "  where our reaction goes (median per segment, from the incident's Temporal history):",
-                 render_timeline(timeline := median_timeline([r.timeline for r in self.ours])),
+                 render_timeline(median_timeline([r.timeline for r in self.ours])),
                  f"    against a median reaction of {median([r.seconds for r in self.ours]) * 1000:.0f} ms: "
                  f"the history does not show the rest (a local activity's marker keeps the workflow's clock, "
                  "which starts when the server hands the first workflow task over, not when the worker's code "

@@ -91,7 +91,7 @@ async def calibrate(bench: BenchStack, samples: int = 5) -> tuple[dict[str, floa
             await timed("signal_job", slurm.signal_job(wide, "USR1"))
         for job_id in probes.job_ids:
             await timed("requeue_hold", slurm.requeue_hold(job_id))
-            await wait_async(lambda: _pending(bench, job_id), 30, f"job {job_id} to be requeued")
+            await wait_async(lambda: _pending(bench, job_id), 30, f"job {job_id} to be requeued")  # noqa: B023 (awaited here)
             for _ in range(samples // 2 + 1):  # Slurm takes excluded nodes only while a job is pending
                 await timed("set_excluded_nodes", slurm.set_excluded_nodes(job_id, [other]))
                 await timed("set_required_nodes", slurm.set_required_nodes(job_id, []))

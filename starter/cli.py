@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import quote
 
 import typer
@@ -44,8 +44,12 @@ from temporalio.service import RPCError, RPCStatusCode
 from contracts import search_attributes as sa
 from contracts.budget import BreakerReset, QuarantineRelease
 from contracts.models import IncidentReport, IncidentStatus, NodeFailureAlert, OperatorDecision, Phase, _check_node_name
-from contracts.settings import ConfigError, describe_config, load_settings, load_telemetry_settings
+from contracts.settings import ConfigError, Settings, describe_config, load_settings, load_telemetry_settings
 from starter.report_html import write_report_html
+
+if TYPE_CHECKING:  # for the annotations: the commands that use them import them
+    from starter.drill import DrillOptions
+    from starter.localstack import LocalStack
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 3
 # Outcomes after which nothing is left for a person to do.

@@ -195,7 +195,7 @@ def load_checkpoint(cp: Checkpoint) -> dict[str, bytes]:
                 raise _Incomplete(f"manifest names missing file {name}") from None
             except OSError as error:
                 raise _Incomplete(f"{name} unreadable: {error.strerror}") from None
-            problem = _file_problem(entry, len(data), lambda: hashlib.sha256(data).hexdigest())
+            problem = _file_problem(entry, len(data), lambda: hashlib.sha256(data).hexdigest())  # noqa: B023 (called here)
             if problem:
                 raise _Incomplete(problem)
             files[name] = data

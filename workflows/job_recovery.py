@@ -90,7 +90,7 @@ class JobRecoveryWorkflow:
                 heartbeat_timeout=HEARTBEAT, retry_policy=SLURM_RETRY,
             )
             # Another node of the job failed meanwhile: requeue again (when the job runs there), then verify that.
-            await workflow.wait_condition(lambda: verifying.done() or self._uncovered())
+            await workflow.wait_condition(lambda: verifying.done() or self._uncovered())  # noqa: B023 (awaited here)
             if not verifying.done():
                 verifying.cancel()
                 continue

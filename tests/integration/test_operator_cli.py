@@ -64,7 +64,7 @@ async def follow_and_approve(temporal_env, local_stack, drill, tmp_path: Path, a
     for name in (ops, other):
         local_stack.ensure_operator_key(name)
     key = local_stack.operator_key_file_of
-    call = lambda *args, key=key(ops): asyncio.to_thread(recovery, temporal_env, *args, key=key)  # noqa: E731
+    call = lambda *args, key=key(ops): asyncio.to_thread(recovery, temporal_env, *args, key=key)  # noqa: E731, B008
     listed = json_of(await call("list", "--node", node, "--running", "--json"))
     assert [(r["incident_id"], r["phase"], r["xid"]) for r in listed] == [(incident_id, "approval_replacement", 79)]
 

@@ -97,7 +97,7 @@ async def test_one_request_for_every_node_drains_half_and_holds_the_rest(tempora
             incident = temporal_env.client.get_workflow_handle(incident_workflow_id(node))
 
             async def at_the_breaker_gate():  # the budget holds it first; the incident then hears so
-                status = await status_if_answered(incident)
+                status = await status_if_answered(incident)  # noqa: B023 (awaited in this iteration)
                 return status if status is not None and status.awaiting_approval is not None else None
 
             status = await wait_async(at_the_breaker_gate, 60, f"{node}'s incident to wait at the breaker gate")

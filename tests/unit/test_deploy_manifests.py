@@ -185,7 +185,8 @@ PYPROJECT = tomllib.loads((BASE.parents[1] / "pyproject.toml").read_text())
 
 def _instructions() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) of the Containerfile, continuation lines joined, comments left out."""
-    text = re.sub(r"\\\n", " ", "\n".join(l for l in IMAGE.read_text().splitlines() if not l.lstrip().startswith("#")))
+    text = re.sub(r"\\\n", " ", "\n".join(line for line in IMAGE.read_text().splitlines()
+                                             if not line.lstrip().startswith("#")))
     return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in text.splitlines() if line.strip()]
 
 
