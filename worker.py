@@ -18,30 +18,30 @@ from pathlib import Path
 
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
-from temporalio.service import RPCError, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError, TLSConfig
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.audit import write_audit, write_audit_lines
 from activities.budget import BudgetActivities, ensure_fleet_budget
 from activities.fencing import FencingActivities
+from activities.job_recovery import JobRecoveryActivities
+from activities.jobs import JobActivities
+from activities.kubernetes import KubernetesActivities
 from activities.notify import NotifyActivities
 from activities.operators import OperatorActivities, OperatorKeys
 from activities.policy import PolicyActivities
-from activities.kubernetes import KubernetesActivities
-from activities.job_recovery import JobRecoveryActivities
-from activities.jobs import JobActivities
 from activities.replacement import ReplacementActivities
 from activities.telemetry import TelemetryActivities
 from activities.xid_policy import ClassifyActivities, XidPolicyTable
 from backends.checkpoints import CheckpointStore
 from backends.health import HealthCheck
+from backends.kubernetes import load_api_client
 from backends.replacement import HotSparePool
 from backends.slurm import SlurmCli, SlurmClient, SlurmRest, SlurmUnavailable, TokenFile, Unsupported
 from contracts import search_attributes
 from contracts.audit import configure_sink, remove_sink
-from backends.kubernetes import load_api_client
 from contracts.k8s_settings import KubernetesSettings
 from contracts.settings import ConfigError, Settings, load_settings, load_telemetry_settings, loaded
 from observability.metrics import DEFAULT as DEFAULT_METRICS, RecoveryMetrics

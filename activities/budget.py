@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 
 from google.protobuf.field_mask_pb2 import FieldMask
 from temporalio import activity
-from temporalio.workflow import UpdateMethodMultiParam
 from temporalio.api.common.v1 import Priority as PriorityMessage, WorkflowExecution
 from temporalio.api.workflow.v1 import WorkflowExecutionOptions
 from temporalio.api.workflowservice.v1 import UpdateWorkflowExecutionOptionsRequest
@@ -36,6 +35,7 @@ from temporalio.client import (
 from temporalio.common import Priority, WorkflowIDConflictPolicy
 from temporalio.exceptions import FailureError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
+from temporalio.workflow import UpdateMethodMultiParam
 
 from contracts.budget import (
     BreakerReset,

@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 from temporalio import activity
 
-from contracts.audit import record
-from backends.slurm import NodeUpdate, SlurmClient, SlurmNotFound
 from backends.health import HealthCheck
+from backends.slurm import NodeUpdate, SlurmClient, SlurmNotFound
+from contracts.audit import record
 from contracts.budget import FenceScope, PartitionShare
 from contracts.models import ActionContext, NodeFenceResult, NodeRequest, RepairCheck, SlurmNode
 

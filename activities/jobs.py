@@ -14,9 +14,9 @@ from datetime import timedelta
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
-from contracts.audit import record
 from backends.checkpoints import CheckpointStore
 from backends.slurm import SlurmClient, SlurmNotFound
+from contracts.audit import record
 from contracts.models import (
     ActionContext,
     ActionRecord,

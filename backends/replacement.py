@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from contracts.audit import record
 from backends.slurm import SlurmClient, SlurmError
+from contracts.audit import record
 from contracts.models import ActionContext, ActionRecord, ReplacementResult, SlurmNode
 
 SPARE_STANDBY_REASON = "hot spare standby"

@@ -22,9 +22,9 @@ import asyncio
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from backends.checkpoints import CheckpointStore
 from bench.stack import BenchStack, say
 from bench.table import Row, goal, median, row
-from backends.checkpoints import CheckpointStore
 from contracts.models import JobReport, JobSnapshot, JobVerification, RecoveryPolicy, utc_now
 from starter.drill import DrillOptions
 from starter.localstack import StackError, wait_async

@@ -38,8 +38,15 @@ from temporalio.client import Client
 
 from bench import reaction
 from bench.harness import OPERATIONS, ScaleSlurm, node_name, spare_name
-from bench.profile import (HISTORY_KINDS, WorkflowTaskWaits, activity_timeline, history_counts, history_of,
-                           median_timeline, render_timeline)
+from bench.profile import (
+    HISTORY_KINDS,
+    WorkflowTaskWaits,
+    activity_timeline,
+    history_counts,
+    history_of,
+    median_timeline,
+    render_timeline,
+)
 from bench.services import cpu_seconds, machine_busy_seconds, process, temporal_dev_server
 from bench.stack import BenchStack, say
 from bench.table import Row, goal, median, percentile, row

@@ -17,11 +17,23 @@ from urllib.parse import urlsplit, urlunsplit
 
 from dotenv import dotenv_values
 from pydantic import (
-    AliasChoices, BaseModel, Field, JsonValue, SecretStr, ValidationError, ValidationInfo, field_validator,
+    AliasChoices,
+    BaseModel,
+    Field,
+    JsonValue,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 from pydantic_settings import (
-    BaseSettings, DotEnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError,
+    BaseSettings,
+    DotEnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
 )
 
 from contracts.budget import BudgetPolicy, WebhookTarget, partition_fractions_from

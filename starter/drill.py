@@ -29,8 +29,8 @@ from pydantic import BaseModel, Field
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
 from activities.xid_policy import XidPolicyTable
-from backends.slurm import SlurmCli, SlurmCommandError
 from backends.replacement import SPARE_STANDBY_REASON
+from backends.slurm import SlurmCli, SlurmCommandError
 from contracts.k8s_settings import KubernetesSettings
 from contracts.models import FaultClass, IncidentReport, NodeFailureAlert, RecoveryPolicy, SlurmJob, SlurmNode
 from contracts.settings import Settings, load_settings
@@ -39,9 +39,9 @@ from kubesim.simulators import NODESET
 from kubesim.slinky import GPU_RESOURCE, SLURMD_SELECTOR, SlinkyCluster, can_take_slurmd, is_ready
 from starter.alerts import raise_alert
 from starter.localstack import LocalStack, StackError, wait_async
+from trainer import checkpoint as ckpt
 from worker import activities_for, build_slurm, serving
 from workflows.node_recovery import NodeRecoveryWorkflow
-from trainer import checkpoint as ckpt
 
 DRILL_JOB_NAME = "recovery-drill"
 CheckpointCorruption = Literal["truncated", "checksum", "no_manifest", "missing_file", "being_written", "all"]

@@ -15,10 +15,18 @@ import pytest_asyncio
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from worker import register_search_attributes
 from starter.localstack import DEBIAN_RELEASE_OF_GENERATION, LocalStack
 from tests.kubeapi.fixtures import (  # noqa: F401
-    kube_api, kube_client, kube_driver, kube_namespace, kube_provisioner, kube_seed, kube_simulator, kube_upstream_client)
+    kube_api,
+    kube_client,
+    kube_driver,
+    kube_namespace,
+    kube_provisioner,
+    kube_seed,
+    kube_simulator,
+    kube_upstream_client,
+)
+from worker import register_search_attributes
 
 
 def _binary(name: str) -> str:

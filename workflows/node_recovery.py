@@ -22,16 +22,26 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
+    from activities.budget import BudgetActivities
     from activities.fencing import FencingActivities
     from activities.job_recovery import JobRecoveryActivities
     from activities.jobs import JobActivities
+    from activities.kubernetes import KubernetesActivities
     from activities.policy import PolicyActivities
     from activities.replacement import ReplacementActivities
     from activities.xid_policy import ClassifyActivities
-    from activities.budget import BudgetActivities
     from backends.replacement import HotSparePool
+    from contracts import search_attributes as sa
     from contracts.audit import ActorKind
     from contracts.budget import FenceScope, LeaseState, Notification, NotificationKind, PartitionShare
+    from contracts.kubernetes import (
+        EvictRequest,
+        K8sNodeRequest,
+        K8sReplacementRequest,
+        K8sSpareWaitRequest,
+        SlurmdPod,
+        SlurmdPodRequest,
+    )
     from contracts.models import (
         ActionContext,
         ActionRecord,
@@ -39,11 +49,11 @@ with workflow.unsafe.imports_passed_through():
         ApplicationXidCountRequest,
         ApprovalGate,
         ApprovalRequest,
-        Gate,
         CheckpointWaitRequest,
         DecisionRecord,
         FaultClass,
         FaultClassification,
+        Gate,
         IncidentReport,
         IncidentStatus,
         JobJoin,
@@ -70,17 +80,10 @@ with workflow.unsafe.imports_passed_through():
         SpareWaitRequest,
         VerifyRequest,
     )
-    from contracts import search_attributes as sa
     from contracts.search_attributes import outcome_label
-    from activities.kubernetes import KubernetesActivities
-    from contracts.kubernetes import (
-        EvictRequest,
-        K8sNodeRequest,
-        K8sReplacementRequest,
-        K8sSpareWaitRequest,
-        SlurmdPod,
-        SlurmdPodRequest,
-    )
+    from workflows.alert_log import AlertLog
+    from workflows.audit_trail import AuditTrail
+    from workflows.budget_lease import BUDGET_CALL, LEASE_STATE_SIGNAL, BudgetLease
     from workflows.call_options import (
         HEARTBEAT,
         JOB_REQUEUE_WAIT,
@@ -95,9 +98,6 @@ with workflow.unsafe.imports_passed_through():
         failed_for_good,
         failing_as_activity,
     )
-    from workflows.alert_log import AlertLog
-    from workflows.audit_trail import AuditTrail
-    from workflows.budget_lease import LEASE_STATE_SIGNAL, BUDGET_CALL, BudgetLease
     from workflows.job_recovery import JOB_RECOVERED, JOB_REQUEUE_FAILED, JOB_REQUEUED
     from workflows.notify import notify
     from workflows.operator_check import OperatorCheck

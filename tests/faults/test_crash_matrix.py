@@ -30,8 +30,8 @@ import pytest
 import pytest_asyncio
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
-from temporalio.service import RPCError, RPCStatusCode
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError, RPCStatusCode
 
 from starter.drill import SimulatedKubernetes
 from starter.faults import (

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from datetime import timedelta
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from datetime import timedelta
 
 import pytest_asyncio
 from temporalio.client import WorkflowHandle

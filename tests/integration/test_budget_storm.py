@@ -13,8 +13,8 @@ from contextlib import AsyncExitStack
 import pytest
 
 from contracts.budget import TimelineKind
-from contracts.settings import Settings
 from contracts.models import NodeFailureAlert
+from contracts.settings import Settings
 from starter.alerts import raise_alert
 from tests.integration.conftest import cluster_of_its_own, stack_settings
 from tests.integration.test_fleet_budget import concurrent_holders

@@ -34,6 +34,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 import uvicorn
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from pydantic import BaseModel, Field
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -51,25 +53,25 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowHandle,
 )
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from activities.audit import write_audit, write_audit_lines
 from activities.budget import (
-    BUDGET_PRIORITY, LEASE_UPDATE_WITHIN, BudgetActivities, ensure_fleet_budget, fleet_budget_status,
-    give_budget_priority, release_quarantine)
+    BUDGET_PRIORITY,
+    LEASE_UPDATE_WITHIN,
+    BudgetActivities,
+    ensure_fleet_budget,
+    fleet_budget_status,
+    give_budget_priority,
+    release_quarantine,
+)
 from activities.notify import NotifyActivities
 from activities.operators import OperatorActivities, OperatorKeys
 from activities.telemetry import TelemetryActivities
-from observability.metrics import RecoveryMetrics
-from starter.faults import local_activity_marker
-from starter.localstack import LocalStack, wait_async
-from tests.integration.test_telemetry import points
 from contracts.audit import configure_sink, remove_sink
 from contracts.budget import (
     BudgetPolicy,
@@ -88,6 +90,10 @@ from contracts.budget import (
     TimelineKind,
     WebhookTarget,
 )
+from observability.metrics import RecoveryMetrics
+from starter.faults import local_activity_marker
+from starter.localstack import LocalStack, wait_async
+from tests.integration.test_telemetry import points
 from workflows.budget_lease import LEASE_STATE_SIGNAL, BudgetLease, check_quarantine
 from workflows.budget_ledger import FINISHED_KEPT, BudgetLedger
 from workflows.fleet_budget import FleetBudgetWorkflow

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from temporalio.client import Client
 
-from starter.drill import DrillOptions
 from backends.slurm.cli import SlurmCli
+from starter.drill import DrillOptions
 from starter.hooks.inventory import SlurmInventory
 from starter.hooks.server import build_app, listening, node_inventory
 from starter.hooks.settings import HookSettings

@@ -17,8 +17,8 @@ import pytest
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowHandle
 
-from contracts.audit import configure_sink, remove_sink
 from backends.replacement import SPARE_STANDBY_REASON
+from contracts.audit import configure_sink, remove_sink
 from contracts.budget import BudgetState, FleetBudgetInput, IncidentMark, LeaseState, Quarantine, TimelineKind
 from contracts.models import NodeFailureAlert
 from starter.alerts import raise_alert

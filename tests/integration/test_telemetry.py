@@ -34,10 +34,10 @@ from observability.telemetry import tracing_provider
 from observability.tracing import IncidentTracingInterceptor
 from starter.alerts import raise_alert
 from starter.drill import DrillOptions
+from worker import activities_for, build_slurm, build_worker
 from workflows.job_recovery import job_recovery_workflow_id
 from workflows.node_recovery import incident_workflow_id
 from workflows.spare_claim import spare_claim_workflow_id
-from worker import activities_for, build_slurm, build_worker
 
 REPO = Path(__file__).resolve().parents[2]
 # In the incident's trace: the worker's policy read at its start, its own activities, the fleet

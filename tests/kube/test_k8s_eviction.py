@@ -13,6 +13,7 @@ from backends.kubernetes import SlurmNodeView
 from backends.slurm import SlurmCli, SlurmClient
 from contracts.kubernetes import EvictRequest, SlurmdPodRequest
 from contracts.models import SlurmJob
+from kubesim.simulators import Kubelet
 from tests.kube.k8s_support import (
     SLURMD_LABELS,
     Recovery,
@@ -21,7 +22,6 @@ from tests.kube.k8s_support import (
     k8s_settings,
     slurmd_pod,
 )
-from kubesim.simulators import Kubelet
 
 POD, NODE = "slurm-gpu-0", "gpu-2"  # StatefulSet mode: the Slurm node is the pod's hostname
 EVICTION = ("POST", "/api/v1/namespaces/{ns}/pods/slurm-gpu-0/eviction")

@@ -11,8 +11,8 @@ from kubernetes import client, config
 from kubernetes.config.incluster_config import InClusterConfigLoader
 from kubernetes.dynamic import DynamicClient
 
-from tests.kubeapi.fixtures import expect_api_error, raw_request
 from kubesim.server import KubeApiServer
+from tests.kubeapi.fixtures import expect_api_error, raw_request
 
 
 def test_version_and_discovery_documents(kube_client):

@@ -9,8 +9,8 @@ import time
 import pytest
 from kubernetes import client, watch
 
-from tests.kubeapi.fixtures import eventually
 from kubesim.simulators import Kubelet, Provisioner
+from tests.kubeapi.fixtures import eventually
 
 NODESET = ("slinky.slurm.net", "v1alpha1")
 

@@ -12,8 +12,7 @@ import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from starter.hooks.app import HookAnswer, ProblemAnswer, openapi_document
 from starter.hooks.settings import HookSettings

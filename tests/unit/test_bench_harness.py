@@ -4,8 +4,8 @@ import inspect
 
 import pytest
 
-from backends.slurm import SlurmBackend, SlurmClient, SlurmCommandError, SlurmNotFound
 from backends.replacement import SPARE_STANDBY_REASON
+from backends.slurm import SlurmBackend, SlurmClient, SlurmCommandError, SlurmNotFound
 from bench.harness import OPERATIONS, ScaleSlurm, node_name, spare_name
 
 NO_LATENCY: dict[str, float] = {}

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from starter.hooks.app import HookAnswer, HookApp, ProblemAnswer
 from starter.hooks.intake import Intake

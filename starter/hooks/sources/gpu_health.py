@@ -15,6 +15,7 @@ from contracts.models import GpuIndex, GpuUuid, Xid
 from starter.hooks.sources import MESSAGE_MAX, Incoming, Timestamp, WireModel, WireNodeName, one_line
 from starter.hooks.sources.kernel_log import SourceName
 
+
 class GpuHealthEvent(WireModel):
     node: WireNodeName
     gpu_index: GpuIndex | None = None
