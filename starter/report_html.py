@@ -135,7 +135,8 @@ def _interval_row(index: int, css: str, label: str, seconds: float | None, what:
     if seconds is None:
         return f'<g class="{css} unknown">{_label(index, label)}{_note(index, scale.x(0) + 6, "not measured")}</g>'
     x, width = scale.x(0), scale.width(0, seconds)
-    return (f'<g class="{css}" data-seconds="{seconds:.3f}"><title>{escape(label)}: {_seconds(seconds)} ({escape(what)})</title>'
+    return (f'<g class="{css}" data-seconds="{seconds:.3f}">'
+            f'<title>{escape(label)}: {_seconds(seconds)} ({escape(what)})</title>'
             f'{_label(index, label)}<rect class="{css}" x="{x:.1f}" y="{_bar_y(index)}" width="{max(width, 2):.1f}" '
             f'height="{BAR}" fill="{COLOURS[css]}"/>{_note(index, x + max(width, 2) + 6, _seconds(seconds))}</g>')
 
@@ -180,7 +181,8 @@ def _checkpoint_mark(index: int, kind: str, checkpoint_id: str, step: int, text:
     else:
         r = BAR / 2 - 1
         shape = (f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r:.1f}" fill="white" stroke="{COLOURS["lost"]}" stroke-width="2"/>'
-                 f'<path d="M{x - 3:.1f},{y - 3:.1f} L{x + 3:.1f},{y + 3:.1f} M{x - 3:.1f},{y + 3:.1f} L{x + 3:.1f},{y - 3:.1f}" '
+                 f'<path d="M{x - 3:.1f},{y - 3:.1f} L{x + 3:.1f},{y + 3:.1f} '
+                 f'M{x - 3:.1f},{y + 3:.1f} L{x + 3:.1f},{y - 3:.1f}" '
                  f'stroke="{COLOURS["lost"]}" stroke-width="2"/>')
     return (f'<g class="checkpoint {kind}" data-checkpoint="{escape(checkpoint_id)}" data-step="{step}">'
             f'<title>{escape(text)}</title>{shape}</g>')

@@ -345,7 +345,8 @@ class NodeRecoveryWorkflow:
         except asyncio.TimeoutError:
             self._answer = DecisionRecord(
                 at=workflow.now(), kind=policy.approval_timeout_action, gate=gate, actor="policy",
-                reason=f"no answer within {policy.approval_timeout_seconds:.0f} s: {policy.approval_timeout_action} by default")
+                reason=f"no answer within {policy.approval_timeout_seconds:.0f} s: "
+                       f"{policy.approval_timeout_action} by default")
             self._record_decision(self._answer, "policy")
         answer, self._awaiting = self._answer, None
         assert answer is not None

@@ -692,8 +692,11 @@ async def test_the_budget_gauge_follows_the_nodes_in_use(temporal_env):
         for handle, left in zip(handles, (1, 0)):
             await handle.signal(StandInIncident.finish)
             await handle.result()
-            await wait_async(lambda: gauge_reads(left), 30,  # noqa: B023 (awaited here)
-                             f"the gauge to read {left} once a lease is returned")
+            await wait_async(
+                lambda: gauge_reads(left),  # noqa: B023 (awaited here)
+                30,
+                f"the gauge to read {left} once a lease is returned",
+            )
 
 
 async def test_disrupted_jobs_per_window_hold_the_next_incident_until_the_window_passes(time_skipping_env):

@@ -197,8 +197,9 @@ async def test_the_wait_lists_again_after_410_gone(
     kube_seed.node(FAILED, labels={"pool": "gpu"})
     since = utc_now()
     recovery = recovery_with(kube_api, kube_namespace, tmp_path, slurm)
-    node_lists = lambda: sum(1 for m, p in kube_api.requests  # noqa: E731
-                             if m == "GET" and p.startswith("/api/v1/nodes?") and "watch=" not in p)
+    node_lists = lambda: sum(  # noqa: E731
+        1 for m, p in kube_api.requests if m == "GET" and p.startswith("/api/v1/nodes?") and "watch=" not in p
+    )
     try:
         waiting = asyncio.ensure_future(recovery.run(recovery.activities.wait_for_k8s_node, _wait(since, 30)))
         while node_lists() < 2:  # history moves on without the watched Nodes, then is compacted away

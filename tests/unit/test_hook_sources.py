@@ -108,7 +108,8 @@ def test_long_free_text_is_clipped_to_the_alert_contract():
      79, "PCI:0000:3b:00", "GPU has fallen off the bus.", None),
     ("NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
      79, "PCI:0000:3b:00", "GPU has fallen off the bus.", None),
-    ("[ 8142.512345] NVRM: Xid (PCI:0000:18:00.0): 48, An uncorrectable double bit error (DBE) has been detected",
+    ("[ 8142.512345] NVRM: Xid (PCI:0000:18:00.0): 48, "
+     "An uncorrectable double bit error (DBE) has been detected",
      48, "PCI:0000:18:00.0", "An uncorrectable double bit error (DBE) has been detected", None),
     ("2026-11-30T00:17:36+00:00 gpu-2 kernel: NVRM: Xid (PCI:0000:3b:00): 13, Graphics Exception: ESR 0x4041b0",
      13, "PCI:0000:3b:00", "Graphics Exception: ESR 0x4041b0", T0),
