@@ -32,18 +32,25 @@ class JobRecoveryActivities:
         """Joins (or starts) the recovery of the job; returns its run id."""
         workflow_id = job_recovery_workflow_id(self._task_queue, join.snapshot.job.job_id)
         start = WithStartWorkflowOperation(
-            JobRecoveryWorkflow.run, id=workflow_id, task_queue=self._task_queue,
+            JobRecoveryWorkflow.run,
+            id=workflow_id,
+            task_queue=self._task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            static_summary=f"Requeue and verify job {join.snapshot.job.job_id} for the incidents on its nodes")
+            static_summary=f"Requeue and verify job {join.snapshot.job.job_id} for the incidents on its nodes",
+        )
         try:
             return await self._client.execute_update_with_start_workflow(
-                JobRecoveryWorkflow.requeue, join, start_workflow_operation=start,
-                id=f"{join.incident_id}-job-{join.snapshot.job.job_id}")
+                JobRecoveryWorkflow.requeue,
+                join,
+                start_workflow_operation=start,
+                id=f"{join.incident_id}-job-{join.snapshot.job.job_id}",
+            )
         except WorkflowUpdateFailedError as err:  # refused: another job's recovery, or too many nodes
             cause = err.cause
             message = cause.message if isinstance(cause, FailureError) else str(cause)
-            raise ApplicationError(f"the job's recovery refused it: {message}", type="JobRecoveryRefused",
-                                   non_retryable=True) from err
+            raise ApplicationError(
+                f"the job's recovery refused it: {message}", type="JobRecoveryRefused", non_retryable=True
+            ) from err
 
     @activity.defn
     async def ask_job_verification(self, job_id: int, run_id: str) -> None:
@@ -51,7 +58,8 @@ class JobRecoveryActivities:
         # get_workflow_handle_for(JobRecoveryWorkflow.run, ...) is this call, but mypy cannot infer its
         # types from a run method without a parameter.
         handle: WorkflowHandle[JobRecoveryWorkflow, JobRecovered] = self._client.get_workflow_handle(
-            job_recovery_workflow_id(self._task_queue, job_id), run_id=run_id, result_type=JobRecovered)
+            job_recovery_workflow_id(self._task_queue, job_id), run_id=run_id, result_type=JobRecovered
+        )
         try:
             await handle.signal(JobRecoveryWorkflow.verify)
         except RPCError as err:

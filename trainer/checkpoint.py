@@ -96,9 +96,7 @@ def utc_now_iso() -> str:
 # --- checkpoints -------------------------------------------------------------------------------
 
 
-def save_checkpoint(
-    run_dir: Path, step: int, train_seconds: float, files: dict[str, bytes]
-) -> Checkpoint:
+def save_checkpoint(run_dir: Path, step: int, train_seconds: float, files: dict[str, bytes]) -> Checkpoint:
     """Write a checkpoint atomically: it appears as ``step-…`` only once every byte is durable.
 
     If a complete checkpoint for ``step`` exists it is returned as is; an incomplete one (left by
@@ -338,9 +336,7 @@ def _verified_manifest(path: Path, check_files: bool = True) -> dict[str, Any]:
     _check_manifest_types(manifest)
     described = manifest["checkpoint_id"]
     if described != path.name or described != checkpoint_id(manifest["step"]):
-        raise _Incomplete(
-            f"manifest describes {described} (step {manifest['step']}), not {path.name}"
-        )
+        raise _Incomplete(f"manifest describes {described} (step {manifest['step']}), not {path.name}")
     if check_files:
         for entry in manifest["files"]:
             _check_file(path, entry)

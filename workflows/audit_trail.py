@@ -49,15 +49,34 @@ class AuditTrail:
         self._hold = hold
         self._held: list[AuditEvent] = []
 
-    def decision(self, action: str, *, incident: str | None, node: str | None, reason: str, result: str,
-                 actor: str = "policy", actor_kind: ActorKind = "policy", job: int | None = None,
-                 parameters: dict[str, JsonValue] | None = None) -> None:
+    def decision(
+        self,
+        action: str,
+        *,
+        incident: str | None,
+        node: str | None,
+        reason: str,
+        result: str,
+        actor: str = "policy",
+        actor_kind: ActorKind = "policy",
+        job: int | None = None,
+        parameters: dict[str, JsonValue] | None = None,
+    ) -> None:
         info = workflow.info()
         self._written += 1
         event = AuditEvent(
-            incident=incident, at=workflow.now(), action=action, target=node or incident or info.workflow_id,
-            path="workflow", actor=actor, actor_kind=actor_kind, reason=reason, node=node, job=job,
-            parameters=parameters or {}, result=result,
+            incident=incident,
+            at=workflow.now(),
+            action=action,
+            target=node or incident or info.workflow_id,
+            path="workflow",
+            actor=actor,
+            actor_kind=actor_kind,
+            reason=reason,
+            node=node,
+            job=job,
+            parameters=parameters or {},
+            result=result,
             event_id=f"{info.workflow_id}/{info.run_id}/{self._written}",
         )
         if self._hold:
@@ -94,5 +113,6 @@ class AuditTrail:
             await write
         except ActivityError as err:
             # The decisions stand and the history keeps them; only their copy in the log is missing.
-            workflow.logger.error("audit line(s) %s not written: %s",
-                                  ", ".join(e.event_id or "" for e in events), err.cause)
+            workflow.logger.error(
+                "audit line(s) %s not written: %s", ", ".join(e.event_id or "" for e in events), err.cause
+            )

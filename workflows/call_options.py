@@ -74,8 +74,15 @@ K8S_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     backoff_coefficient=2.0,
     maximum_interval=timedelta(seconds=30),
-    non_retryable_error_types=["NodeNotFound", "SlurmdPodNotFound", "NodeSetNotFound", "JobsStillRunning",
-                               "NodeNotDrained", "EvictionBlocked", "SlurmNotFound"],
+    non_retryable_error_types=[
+        "NodeNotFound",
+        "SlurmdPodNotFound",
+        "NodeSetNotFound",
+        "JobsStillRunning",
+        "NodeNotDrained",
+        "EvictionBlocked",
+        "SlurmNotFound",
+    ],
 )
 K8S_CALL = CallOptions(
     start_to_close_timeout=timedelta(seconds=60),
@@ -109,12 +116,20 @@ async def failing_as_activity(name: str, call: Awaitable[T]) -> T:
     except (ActivityError, CancelledError):
         raise
     except FailureError as err:
-        raise ActivityError(f"local activity {name} failed", scheduled_event_id=0, started_event_id=0, identity="",
-                            activity_type=name, activity_id="", retry_state=None) from err
+        raise ActivityError(
+            f"local activity {name} failed",
+            scheduled_event_id=0,
+            started_event_id=0,
+            identity="",
+            activity_type=name,
+            activity_id="",
+            retry_state=None,
+        ) from err
 
 
 def failed_for_good(err: ActivityError, retry: RetryPolicy) -> bool:
     """Whether the failure is one that `retry` would not try again: another attempt fails alike."""
     cause = err.cause
-    return isinstance(cause, ApplicationError) and (cause.non_retryable
-                                                    or cause.type in (retry.non_retryable_error_types or ()))
+    return isinstance(cause, ApplicationError) and (
+        cause.non_retryable or cause.type in (retry.non_retryable_error_types or ())
+    )

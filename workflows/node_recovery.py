@@ -140,7 +140,6 @@ CLAIM_BUSY_WAIT = timedelta(seconds=1)
 CLAIM_BUSY_PASSES = 10
 
 
-
 def incident_workflow_id(node: str) -> str:
     """One incident per node: a second alert for the node reaches the running incident."""
     return f"node-recovery-{node}"
@@ -249,8 +248,15 @@ class NodeRecoveryWorkflow:
 
     async def _answer_gate(self, kind: Literal["approve", "deny"], decision: OperatorDecision) -> IncidentStatus:
         assert self._awaiting is not None
-        key = await self._operators.verified(kind, decision.actor, decision.reason, decision.signature,
-                                             self._awaiting.gate, incident=self._incident_id, node=self._node)
+        key = await self._operators.verified(
+            kind,
+            decision.actor,
+            decision.reason,
+            decision.signature,
+            self._awaiting.gate,
+            incident=self._incident_id,
+            node=self._node,
+        )
         if (why := self._why_no_approval()) is not None:  # answered while it was verified
             raise ApplicationError(why, type="NothingAwaitsApproval", non_retryable=True)
         self._answer = self._decide(kind, decision, key)
@@ -259,8 +265,9 @@ class NodeRecoveryWorkflow:
     @workflow.update
     async def abort(self, decision: OperatorDecision) -> IncidentStatus:
         """Stop the incident before its next step; the node is left as it is (fenced, if it was)."""
-        key = await self._operators.verified("abort", decision.actor, decision.reason, decision.signature,
-                                             incident=self._incident_id, node=self._node)
+        key = await self._operators.verified(
+            "abort", decision.actor, decision.reason, decision.signature, incident=self._incident_id, node=self._node
+        )
         if (why := self._why_not_abortable()) is not None:
             raise ApplicationError(why, type="NotAbortable", non_retryable=True)
         self._abort = self._decide("abort", decision, key)
@@ -277,19 +284,32 @@ class NodeRecoveryWorkflow:
             return f"incident {self._incident_id or self._node} has already ended or been aborted"
         return None
 
-    def _decide(self, kind: Literal["approve", "deny", "abort"], decision: OperatorDecision,
-                key: str | None) -> DecisionRecord:
-        record = DecisionRecord(at=workflow.now(), kind=kind, gate=self._awaiting.gate if self._awaiting else None,
-                                actor=decision.actor, reason=decision.reason, verified_by=key)
+    def _decide(
+        self, kind: Literal["approve", "deny", "abort"], decision: OperatorDecision, key: str | None
+    ) -> DecisionRecord:
+        record = DecisionRecord(
+            at=workflow.now(),
+            kind=kind,
+            gate=self._awaiting.gate if self._awaiting else None,
+            actor=decision.actor,
+            reason=decision.reason,
+            verified_by=key,
+        )
         self._record_decision(record, "operator")
         return record
 
     def _record_decision(self, record: DecisionRecord, actor_kind: ActorKind) -> None:
         self._decisions.append(record)
-        self._audit.decision(record.kind + (f"_{record.gate}" if record.gate else ""), incident=self._incident_id,
-                             node=self._node, reason=record.reason, result=record.kind, actor=record.actor,
-                             actor_kind=actor_kind,
-                             parameters={"verified_by": record.verified_by} if record.verified_by else None)
+        self._audit.decision(
+            record.kind + (f"_{record.gate}" if record.gate else ""),
+            incident=self._incident_id,
+            node=self._node,
+            reason=record.reason,
+            result=record.kind,
+            actor=record.actor,
+            actor_kind=actor_kind,
+            parameters={"verified_by": record.verified_by} if record.verified_by else None,
+        )
 
     @workflow.query
     def status(self) -> IncidentStatus:
@@ -340,13 +360,18 @@ class NodeRecoveryWorkflow:
         """Waits for an operator's approve/deny; unanswered by the deadline, the policy decides."""
         await self._ask(gate, question, timedelta(seconds=policy.approval_timeout_seconds))
         try:
-            await workflow.wait_condition(lambda: self._answer is not None,
-                                          timeout=timedelta(seconds=policy.approval_timeout_seconds))
+            await workflow.wait_condition(
+                lambda: self._answer is not None, timeout=timedelta(seconds=policy.approval_timeout_seconds)
+            )
         except asyncio.TimeoutError:
             self._answer = DecisionRecord(
-                at=workflow.now(), kind=policy.approval_timeout_action, gate=gate, actor="policy",
+                at=workflow.now(),
+                kind=policy.approval_timeout_action,
+                gate=gate,
+                actor="policy",
                 reason=f"no answer within {policy.approval_timeout_seconds:.0f} s: "
-                       f"{policy.approval_timeout_action} by default")
+                f"{policy.approval_timeout_action} by default",
+            )
             self._record_decision(self._answer, "policy")
         answer, self._awaiting = self._answer, None
         assert answer is not None
@@ -357,37 +382,50 @@ class NodeRecoveryWorkflow:
         """Opens a gate: approve/deny are accepted from now on, and the operators hear of it."""
         now = workflow.now()
         self._answer = None
-        self._awaiting = ApprovalRequest(gate=gate, question=question, asked_at=now,
-                                         deadline_at=now + deadline if deadline is not None else None)
-        workflow.set_current_details(f"Awaiting approval ({gate}): {question}. "
-                                     f"Answer with `recovery approve|deny {self._node}`.")
+        self._awaiting = ApprovalRequest(
+            gate=gate, question=question, asked_at=now, deadline_at=now + deadline if deadline is not None else None
+        )
+        workflow.set_current_details(
+            f"Awaiting approval ({gate}): {question}. Answer with `recovery approve|deny {self._node}`."
+        )
         await self._notify(NotificationKind.APPROVAL_NEEDED, f"{gate}: {question}")
 
-    async def _take_lease(self, node: str, jobs: list[JobSnapshot],
-                          partitions: Awaitable[list[PartitionShare]] | None) -> DecisionRecord | None:
+    async def _take_lease(
+        self, node: str, jobs: list[JobSnapshot], partitions: Awaitable[list[PartitionShare]] | None
+    ) -> DecisionRecord | None:
         """The fleet budget's lease, before the first destructive step. Over budget, the incident
         waits here, fenced (drained, nothing killed), until the budget frees up or an operator
         answers (no deadline). Returns an operator's denial, or None once the lease is held.
         `partitions`: the node's partitions being read already, or None to read them now."""
         shares = await (partitions if partitions is not None else self._read_partitions(node))
-        lease = await self._lease.request(self._incident_id, node, shares, job_ids=[snap.job.job_id for snap in jobs],
-                                          in_task=self._fence_in_one_task)
+        lease = await self._lease.request(
+            self._incident_id, node, shares, job_ids=[snap.job.job_id for snap in jobs], in_task=self._fence_in_one_task
+        )
         if lease.waiting:
             self._note(f"over budget, waiting drained with nothing killed: {lease.reason}")
-            await self._ask("budget", f"put {node} under remediation although the fleet disruption budget is "
-                            f"spent ({lease.reason})", None)
+            await self._ask(
+                "budget",
+                f"put {node} under remediation although the fleet disruption budget is spent ({lease.reason})",
+                None,
+            )
             await self._lease.wait_granted(stop=lambda: self._answer is not None)
             answer, self._awaiting = self._answer, None
             if not self._lease.granted:
                 assert answer is not None
                 if answer.kind == "deny":
                     return answer
-                lease = await self._lease.approve_over_budget(OperatorDecision(actor=answer.actor,
-                                                                               reason=answer.reason))
+                lease = await self._lease.approve_over_budget(
+                    OperatorDecision(actor=answer.actor, reason=answer.reason)
+                )
         lease = self._lease.state or lease
-        self._note(f"lease granted by {lease.granted_by or 'policy'}: {lease.reason}"
-                   + ("; the node is a quarantined lemon: it will not return to service automatically"
-                      if lease.quarantined else ""))
+        self._note(
+            f"lease granted by {lease.granted_by or 'policy'}: {lease.reason}"
+            + (
+                "; the node is a quarantined lemon: it will not return to service automatically"
+                if lease.quarantined
+                else ""
+            )
+        )
         return None
 
     async def _pass_breaker(self, node: str, policy: RecoveryPolicy) -> str | None:
@@ -395,7 +433,8 @@ class NodeRecoveryWorkflow:
         nothing drained, until an operator resets the breaker or answers for this node, or until
         fence_hold_seconds pass. Returns why the node stays undrained, or None: fence it."""
         scope = self._fence_scope = await self._fence_call(
-            FencingActivities.fence_scope, node, f"Read {node}'s Slurm partitions and the cluster's size")
+            FencingActivities.fence_scope, node, f"Read {node}'s Slurm partitions and the cluster's size"
+        )
         state = await self._lease.ask_to_fence(self._incident_id, node, scope, in_task=self._fence_in_one_task)
         if state.fence_held:
             hold = timedelta(seconds=policy.fence_hold_seconds)
@@ -406,41 +445,51 @@ class NodeRecoveryWorkflow:
             answer, self._awaiting = self._answer, None
             if state.fence_held:
                 if answer is None:
-                    return f"held: the fence circuit breaker stayed tripped for {hold.total_seconds():.0f} s; " \
-                           "nothing was drained"
+                    return (
+                        f"held: the fence circuit breaker stayed tripped for {hold.total_seconds():.0f} s; "
+                        "nothing was drained"
+                    )
                 if answer.kind == "deny":
-                    return f"denied: fence past the tripped breaker ({answer.actor}: {answer.reason}); nothing was drained"
+                    return (
+                        f"denied: fence past the tripped breaker ({answer.actor}: {answer.reason}); nothing was drained"
+                    )
                 state = await self._lease.approve_fence(OperatorDecision(actor=answer.actor, reason=answer.reason))
         self._note(f"fence permitted by {state.granted_by or 'policy'}: {state.reason}")
         return None
 
     def _read_partitions(self, node: str) -> Awaitable[list[PartitionShare]]:
-        return self._fence_call(FencingActivities.partition_shares, node,
-                                f"Read {node}'s Slurm partitions and their sizes", at_once=True)
+        return self._fence_call(
+            FencingActivities.partition_shares, node, f"Read {node}'s Slurm partitions and their sizes", at_once=True
+        )
 
-    def _fence_call(self, activity: Callable[..., Awaitable[T]], arg: object, summary: str,
-                    at_once: bool = False) -> Awaitable[T]:
+    def _fence_call(
+        self, activity: Callable[..., Awaitable[T]], arg: object, summary: str, at_once: bool = False
+    ) -> Awaitable[T]:
         """A Slurm call of the fence, up to the first signal: tried first as a local activity in
         runs since FENCE_IN_ONE_TASK (see _locally_first), an activity in runs before. Scheduled
         when awaited, or `at_once` (to run alongside what follows)."""
         if not self._fence_in_one_task:
             call = workflow.start_activity_method if at_once else workflow.execute_activity_method
             return call(activity, arg, summary=summary, **SLURM_CALL)
-        tried = (workflow.start_local_activity_method(activity, arg, summary=summary, **SLURM_QUICK_TRY)
-                 if at_once else None)
+        tried = (
+            workflow.start_local_activity_method(activity, arg, summary=summary, **SLURM_QUICK_TRY) if at_once else None
+        )
         work = self._locally_first(activity, arg, summary, tried)
         return asyncio.ensure_future(work) if at_once else work
 
-    async def _locally_first(self, activity: Callable[..., Awaitable[T]], arg: object, summary: str,
-                             tried: Awaitable[T] | None) -> T:
+    async def _locally_first(
+        self, activity: Callable[..., Awaitable[T]], arg: object, summary: str, tried: Awaitable[T] | None
+    ) -> T:
         """The call as a local activity, within the workflow task (a worker that dies mid-task
         leaves the next one to run it again: each is idempotent), as often as SLURM_QUICK_TRY
         allows. Still failing then (Slurm down or refusing), the call is made again as an
         activity, with SLURM_CALL's ten minutes of retries timed by the server; a failure for good
         (a node Slurm does not know) is not tried again."""
         try:
-            return await failing_as_activity(activity.__name__, tried or workflow.execute_local_activity_method(
-                activity, arg, summary=summary, **SLURM_QUICK_TRY))
+            return await failing_as_activity(
+                activity.__name__,
+                tried or workflow.execute_local_activity_method(activity, arg, summary=summary, **SLURM_QUICK_TRY),
+            )
         except ActivityError as err:
             if failed_for_good(err, SLURM_RETRY):
                 raise
@@ -449,8 +498,11 @@ class NodeRecoveryWorkflow:
     async def _notify(self, kind: NotificationKind, summary: str) -> None:
         """Hands a notification to its own workflow and goes on (delivery never holds up a recovery)."""
         if self._notify_enabled:
-            await notify(Notification(kind=kind, incident_id=self._incident_id, node=self._node, at=workflow.now(),
-                                      summary=summary[:1000]))
+            await notify(
+                Notification(
+                    kind=kind, incident_id=self._incident_id, node=self._node, at=workflow.now(), summary=summary[:1000]
+                )
+            )
 
     def _index(self, updates: list[SearchAttributeUpdate], now: bool = True) -> None:
         """Upserts the search attributes with those kept since the last upsert; now=False keeps
@@ -471,10 +523,17 @@ class NodeRecoveryWorkflow:
         self._ask_patches()
         if self._policy_from_worker:
             # A local activity, the run's first command: what follows it asks no patch.
-            req = req.model_copy(update={"policy": await workflow.execute_local_activity_method(
-                PolicyActivities.incident_policy, req.policy, summary="The worker's policy for this incident",
-                start_to_close_timeout=timedelta(seconds=10), retry_policy=RetryPolicy(maximum_attempts=5),
-            )})
+            req = req.model_copy(
+                update={
+                    "policy": await workflow.execute_local_activity_method(
+                        PolicyActivities.incident_policy,
+                        req.policy,
+                        summary="The worker's policy for this incident",
+                        start_to_close_timeout=timedelta(seconds=10),
+                        retry_policy=RetryPolicy(maximum_attempts=5),
+                    )
+                }
+            )
         self._notify_enabled = req.policy.notify
         try:
             report = await self._handle(req)
@@ -482,16 +541,20 @@ class NodeRecoveryWorkflow:
             # Whatever the outcome (an abort, a failure): the budget must not wait for the lease
             # to expire. A no-op when no lease was asked for.
             await self._lease.release(self._outcome or "incident ended")
-        self._audit.decision("incident_outcome", incident=self._incident_id, node=self._node, reason=report.action,
-                             result=report.outcome)
+        self._audit.decision(
+            "incident_outcome", incident=self._incident_id, node=self._node, reason=report.action, result=report.outcome
+        )
         kind = _notification_for(report.outcome)
         if kind is not None:
             await self._notify(kind, f"{self._node}: {report.outcome}")
         try:
             # By name: activities/telemetry.py imports this module.
             await workflow.execute_activity(
-                "record_incident", report, summary="Record the incident's metrics (OpenTelemetry)",
-                start_to_close_timeout=timedelta(seconds=10), retry_policy=RetryPolicy(maximum_attempts=3),
+                "record_incident",
+                report,
+                summary="Record the incident's metrics (OpenTelemetry)",
+                start_to_close_timeout=timedelta(seconds=10),
+                retry_policy=RetryPolicy(maximum_attempts=3),
             )
         except ActivityError as err:
             # Metrics never change an incident's outcome.
@@ -525,21 +588,35 @@ class NodeRecoveryWorkflow:
         self._indexed = policy.search_attributes
         first_updates: list[SearchAttributeUpdate] = [sa.NODE.value_set(req.node), sa.XID.value_set(first.xid)]
         self._index(first_updates + ([sa.GPU.value_set(first.gpu)] if first.gpu else []), now=False)
-        workflow.set_current_details(f"Incident {self._incident_id}: XID {first.xid} on {req.node}, "
-                                     f"reported by {first.actor} via {first.source}: {first.reason}")
+        workflow.set_current_details(
+            f"Incident {self._incident_id}: XID {first.xid} on {req.node}, "
+            f"reported by {first.actor} via {first.source}: {first.reason}"
+        )
 
         # A local activity: a lookup in the policy table held in memory takes milliseconds, and
         # runs within the incident's first workflow task instead of a round trip through the server.
-        classify = (workflow.execute_local_activity_method if self._fewer_round_trips
-                    else workflow.execute_activity_method)
-        cls = self._classification = await self._step("classify", classify(
-            ClassifyActivities.classify_fault, first, start_to_close_timeout=timedelta(seconds=30),
-            summary=f"Classify XID {first.xid} by the fault policy table",
-        ), abortable=False, index_now=False)  # the report needs the classification
+        classify = (
+            workflow.execute_local_activity_method if self._fewer_round_trips else workflow.execute_activity_method
+        )
+        cls = self._classification = await self._step(
+            "classify",
+            classify(
+                ClassifyActivities.classify_fault,
+                first,
+                start_to_close_timeout=timedelta(seconds=30),
+                summary=f"Classify XID {first.xid} by the fault policy table",
+            ),
+            abortable=False,
+            index_now=False,
+        )  # the report needs the classification
         self._note(f"XID {cls.xid} {cls.mnemonic}: {cls.fault_class.value}")
         ctx = ActionContext(
-            incident_id=self._incident_id, owner=policy.owner, actor=first.actor,
-            reason=f"{first.source}: {first.reason}", xid=first.xid, mnemonic=cls.mnemonic,
+            incident_id=self._incident_id,
+            owner=policy.owner,
+            actor=first.actor,
+            reason=f"{first.source}: {first.reason}",
+            xid=first.xid,
+            mnemonic=cls.mnemonic,
             dry_run=policy.dry_run,
         )
         action = "none"
@@ -550,9 +627,15 @@ class NodeRecoveryWorkflow:
                     return self._finish(first, action, "no_node_action", [], None)
                 # Repeated on one GPU, an "application" XID points at the GPU: fence, let a person decide.
                 action = "fence_and_escalate"
-                return await self._fence_and_escalate(req, ctx, first, action, f"escalated: {seen} application XIDs on "
-                                                      f"GPU {first.gpu or '(unnamed)'} within "
-                                                      f"{policy.application_xid_window_seconds:.0f} s")
+                return await self._fence_and_escalate(
+                    req,
+                    ctx,
+                    first,
+                    action,
+                    f"escalated: {seen} application XIDs on "
+                    f"GPU {first.gpu or '(unnamed)'} within "
+                    f"{policy.application_xid_window_seconds:.0f} s",
+                )
             action = "fence_and_escalate" if cls.fault_class == FaultClass.UNKNOWN else "recover"
             return await self._recover(req, first, cls, ctx, action)
         except ActivityError as err:
@@ -569,8 +652,9 @@ class NodeRecoveryWorkflow:
         self._note(why)
         return self._finish(first, action, why, [], None)
 
-    async def _recover(self, req: RecoveryRequest, first: NodeFailureAlert, cls: FaultClassification,
-                       ctx: ActionContext, action: str) -> IncidentReport:
+    async def _recover(
+        self, req: RecoveryRequest, first: NodeFailureAlert, cls: FaultClassification, ctx: ActionContext, action: str
+    ) -> IncidentReport:
         policy = req.policy
         if cls.fault_class == FaultClass.UNKNOWN:
             return await self._fence_and_escalate(req, ctx, first, action, "escalated: unknown XID")
@@ -579,21 +663,39 @@ class NodeRecoveryWorkflow:
 
         takes_lease = policy.fleet_budget and not policy.dry_run
         # The budget needs the node's partitions: read (a read only) with its jobs, not after them.
-        partitions = (_known(self._fence_scope.partitions) if self._fence_scope is not None
-                      else self._read_partitions(req.node) if takes_lease and self._fewer_round_trips else None)
-        jobs = self._jobs = await self._step("find_jobs", self._fence_call(
-            JobActivities.find_jobs, req.node, f"Find the jobs running on {req.node}",
-        ), index_now=not self._fence_in_one_task)
+        partitions = (
+            _known(self._fence_scope.partitions)
+            if self._fence_scope is not None
+            else self._read_partitions(req.node)
+            if takes_lease and self._fewer_round_trips
+            else None
+        )
+        jobs = self._jobs = await self._step(
+            "find_jobs",
+            self._fence_call(
+                JobActivities.find_jobs,
+                req.node,
+                f"Find the jobs running on {req.node}",
+            ),
+            index_now=not self._fence_in_one_task,
+        )
         self._note(", ".join(str(j.job.job_id) for j in jobs) or "no jobs")
-        self._index([sa.JOB_IDS.value_set([str(j.job.job_id) for j in jobs]),
-                     sa.PEER_NODES.value_set(self._peer_nodes())], now=False)
+        self._index(
+            [sa.JOB_IDS.value_set([str(j.job.job_id) for j in jobs]), sa.PEER_NODES.value_set(self._peer_nodes())],
+            now=False,
+        )
         if policy.dry_run:
             self._skip("budget", "dry-run: no lease taken from the fleet disruption budget")
         elif takes_lease:
             denied = await self._step("budget", self._take_lease(req.node, jobs, partitions))
             if denied is not None:
-                return self._finish(first, action, f"denied: over budget ({denied.actor}: {denied.reason}); "
-                                    "node stays drained, jobs left running", [], None)
+                return self._finish(
+                    first,
+                    action,
+                    f"denied: over budget ({denied.actor}: {denied.reason}); node stays drained, jobs left running",
+                    [],
+                    None,
+                )
 
         await self._step("signal", self._signal_jobs(jobs, ctx), index_now=not self._fence_in_one_task)
         if policy.dry_run:
@@ -604,30 +706,55 @@ class NodeRecoveryWorkflow:
             self._skip("grace", f"{cls.fault_class.value} XID: the GPU is gone, no checkpoint to wait for")
 
         large = [s.job.job_id for s in jobs if len(s.job.nodes) >= policy.approval_min_job_nodes]
-        if large and await self._approval("requeue", policy,
-                                          f"requeue job(s) {', '.join(map(str, large))} off {req.node}, "
-                                          "stopping their processes") == "deny":
-            return self._finish(first, action, f"denied: requeue ({self._decisions[-1].actor}: "
-                                f"{self._decisions[-1].reason}); node stays drained, jobs left running", [], None)
+        if (
+            large
+            and await self._approval(
+                "requeue",
+                policy,
+                f"requeue job(s) {', '.join(map(str, large))} off {req.node}, stopping their processes",
+            )
+            == "deny"
+        ):
+            return self._finish(
+                first,
+                action,
+                f"denied: requeue ({self._decisions[-1].actor}: "
+                f"{self._decisions[-1].reason}); node stays drained, jobs left running",
+                [],
+                None,
+            )
         requeued = await self._step("requeue", self._requeue(jobs, req.node, ctx, policy))
         if fence.owned_by_other:
             self._skip("mark_down", "left as found: drained by someone else")
         else:
-            down = await self._step("mark_down", workflow.execute_activity_method(
-                FencingActivities.mark_node_down, NodeRequest(node=req.node, ctx=ctx),
-                summary=f"Mark {req.node} DOWN in Slurm now that its jobs are off it", **SLURM_CALL,
-            ))
+            down = await self._step(
+                "mark_down",
+                workflow.execute_activity_method(
+                    FencingActivities.mark_node_down,
+                    NodeRequest(node=req.node, ctx=ctx),
+                    summary=f"Mark {req.node} DOWN in Slurm now that its jobs are off it",
+                    **SLURM_CALL,
+                ),
+            )
             self._actions.append(down.action)
             self._note(down.action.detail)
 
         if pod is not None:
             await self._step("evict_slurmd_pod", self._evict(pod, ctx))
 
-        if (self._idle_node_keeps_spare and not jobs and pod is None and policy.spare_nodes
-                and not policy.spare_for_idle_node):
+        if (
+            self._idle_node_keeps_spare
+            and not jobs
+            and pod is None
+            and policy.spare_nodes
+            and not policy.spare_for_idle_node
+        ):
             no_replacement, spare = None, None
-            self._skip("request_replacement", f"no job was on {req.node}: the hot spares stay on standby for a "
-                       "job to resume (spare_for_idle_node is off)")
+            self._skip(
+                "request_replacement",
+                f"no job was on {req.node}: the hot spares stay on standby for a "
+                "job to resume (spare_for_idle_node is off)",
+            )
         elif await self._approval("replacement", policy, f"bring in replacement capacity for {req.node}") == "deny":
             denied = self._decisions[-1]
             no_replacement, spare = f"denied by {denied.actor}: {denied.reason}", None
@@ -642,42 +769,59 @@ class NodeRecoveryWorkflow:
             intended = sum(not a.executed for a in self._actions)
             return self._finish(first, action, f"dry_run: {intended} action(s) intended, none executed", [], None)
 
-        verifications = await self._step("verify", self._verify(jobs, requeued, req.node,
-                                                                 policy.verify_deadline_seconds))
+        verifications = await self._step(
+            "verify", self._verify(jobs, requeued, req.node, policy.verify_deadline_seconds)
+        )
         self._note("; ".join(f"job {v.job_id}: {'ok' if v.verified else ', '.join(v.why_not)}" for v in verifications))
         outcome = _outcome(no_replacement, spare, verifications)
         if not fence.owned_by_other:
-            await self._step("return_to_service", self._start_return_to_service(
-                req.node, ctx, policy, pod.node if pod is not None else None))
+            await self._step(
+                "return_to_service",
+                self._start_return_to_service(req.node, ctx, policy, pod.node if pod is not None else None),
+            )
         return self._finish(first, action, outcome, verifications, spare)
 
-    async def _replace_with_hot_spare(self, node: str, ctx: ActionContext,
-                                      policy: RecoveryPolicy) -> tuple[str | None, SpareResult | None]:
+    async def _replace_with_hot_spare(
+        self, node: str, ctx: ActionContext, policy: RecoveryPolicy
+    ) -> tuple[str | None, SpareResult | None]:
         """Bare Slurm: claim and resume a hot spare, then wait until it is healthy. Returns why
         there is no replacement (or None), and the spare. A quarantined lemon is never claimed."""
         lemons = await self._quarantined_spares(policy) if policy.fleet_budget and policy.spare_nodes else []
-        request = ReplacementRequest(failed_node=node, spare_nodes=[s for s in policy.spare_nodes if s not in lemons],
-                                     ctx=ctx)
-        replacement = await self._step("request_replacement", self._claim_spare(request) if workflow.patched(
-            SPARE_CLAIM_LOCK) else workflow.execute_activity_method(
-            ReplacementActivities.request_replacement, request,
-            summary=f"Request replacement capacity for {node}", **SLURM_CALL,
-        ))
+        request = ReplacementRequest(
+            failed_node=node, spare_nodes=[s for s in policy.spare_nodes if s not in lemons], ctx=ctx
+        )
+        replacement = await self._step(
+            "request_replacement",
+            self._claim_spare(request)
+            if workflow.patched(SPARE_CLAIM_LOCK)
+            else workflow.execute_activity_method(
+                ReplacementActivities.request_replacement,
+                request,
+                summary=f"Request replacement capacity for {node}",
+                **SLURM_CALL,
+            ),
+        )
         self._actions.extend(replacement.actions)
-        self._note(f"{replacement.provider}: {replacement.node or 'none'} ({replacement.detail})"
-                   + (f"; quarantined spares passed over: {', '.join(lemons)}" if lemons else ""))
+        self._note(
+            f"{replacement.provider}: {replacement.node or 'none'} ({replacement.detail})"
+            + (f"; quarantined spares passed over: {', '.join(lemons)}" if lemons else "")
+        )
         if replacement.node is None:
             return replacement.detail, None
         if policy.dry_run:
             self._skip("wait_for_spare", "dry-run: no spare was brought in")
             return None, None
-        spare = await self._step("wait_for_spare", workflow.execute_activity_method(
-            ReplacementActivities.wait_for_spare,
-            SpareWaitRequest(node=replacement.node, deadline_seconds=policy.spare_wait_seconds),
-            summary=f"Wait for {replacement.node} to be healthy and in service",
-            start_to_close_timeout=timedelta(seconds=policy.spare_wait_seconds + 60),
-            heartbeat_timeout=HEARTBEAT, retry_policy=SLURM_RETRY,
-        ))
+        spare = await self._step(
+            "wait_for_spare",
+            workflow.execute_activity_method(
+                ReplacementActivities.wait_for_spare,
+                SpareWaitRequest(node=replacement.node, deadline_seconds=policy.spare_wait_seconds),
+                summary=f"Wait for {replacement.node} to be healthy and in service",
+                start_to_close_timeout=timedelta(seconds=policy.spare_wait_seconds + 60),
+                heartbeat_timeout=HEARTBEAT,
+                retry_policy=SLURM_RETRY,
+            ),
+        )
         self._note(spare.detail)
         return None, spare
 
@@ -691,7 +835,9 @@ class NodeRecoveryWorkflow:
         if told is not None and workflow.patched(LEMONS_FROM_LEASE):
             return [spare for spare in policy.spare_nodes if spare in told]
         return await workflow.execute_activity_method(
-            BudgetActivities.quarantined_among, policy.spare_nodes, summary="Which hot spares are quarantined lemons",
+            BudgetActivities.quarantined_among,
+            policy.spare_nodes,
+            summary="Which hot spares are quarantined lemons",
             **BUDGET_CALL,
         )
 
@@ -706,7 +852,8 @@ class NodeRecoveryWorkflow:
             for spare in to_try:
                 try:
                     tried = await workflow.execute_child_workflow(
-                        SpareClaimWorkflow.run, request.model_copy(update={"spare_nodes": [spare]}),
+                        SpareClaimWorkflow.run,
+                        request.model_copy(update={"spare_nodes": [spare]}),
                         id=spare_claim_workflow_id(workflow.info().task_queue, spare),
                         static_summary=f"Claim hot spare {spare} for {request.failed_node}",
                     )
@@ -730,18 +877,28 @@ class NodeRecoveryWorkflow:
     async def _fence_on_kubernetes(self, node: str, ctx: ActionContext) -> tuple[SlurmdPod, datetime]:
         """Slurm on Kubernetes: find the slurmd pod that is this Slurm node, then cordon, taint and
         mark the Node under it. Returns the pod and when the fence began (replacements are newer)."""
-        pod = await self._step("locate_slurmd_pod", workflow.execute_activity_method(
-            KubernetesActivities.locate_slurmd_pod, SlurmdPodRequest(slurm_node=node),
-            summary=f"Find the slurmd pod of {node} and its Kubernetes Node", **K8S_CALL,
-        ))
+        pod = await self._step(
+            "locate_slurmd_pod",
+            workflow.execute_activity_method(
+                KubernetesActivities.locate_slurmd_pod,
+                SlurmdPodRequest(slurm_node=node),
+                summary=f"Find the slurmd pod of {node} and its Kubernetes Node",
+                **K8S_CALL,
+            ),
+        )
         self._note(f"{pod.namespace}/{pod.name} on Node {pod.node or '(unscheduled)'}")
         if pod.node is None:
             self._skip("fence_k8s_node", "the slurmd pod is not on any Node")
             return pod, workflow.now()
-        fence = await self._step("fence_k8s_node", workflow.execute_activity_method(
-            KubernetesActivities.fence_k8s_node, K8sNodeRequest(node=pod.node, ctx=ctx),
-            summary=f"Cordon and taint Node {pod.node}, set its condition", **K8S_CALL,
-        ))
+        fence = await self._step(
+            "fence_k8s_node",
+            workflow.execute_activity_method(
+                KubernetesActivities.fence_k8s_node,
+                K8sNodeRequest(node=pod.node, ctx=ctx),
+                summary=f"Cordon and taint Node {pod.node}, set its condition",
+                **K8S_CALL,
+            ),
+        )
         self._actions.extend(fence.actions)
         self._note("; ".join(a.detail for a in fence.actions) or "already fenced by this incident")
         return pod, fence.prior.fenced_at if fence.prior else workflow.now()
@@ -750,21 +907,28 @@ class NodeRecoveryWorkflow:
         """Only now that Slurm shows the node drained and its jobs requeued (the activity reads
         Slurm again before evicting and refuses otherwise; unreadable Slurm fails closed)."""
         evicted = await workflow.execute_activity_method(
-            KubernetesActivities.evict_slurmd_pod, EvictRequest(pod=pod, ctx=ctx),
-            summary=f"Evict slurmd pod {pod.namespace}/{pod.name} from Node {pod.node}", **K8S_EVICTION,
+            KubernetesActivities.evict_slurmd_pod,
+            EvictRequest(pod=pod, ctx=ctx),
+            summary=f"Evict slurmd pod {pod.namespace}/{pod.name} from Node {pod.node}",
+            **K8S_EVICTION,
         )
         self._actions.extend(evicted.actions)
         self._note(evicted.detail)
 
-    async def _replace_on_kubernetes(self, pod: SlurmdPod, since: datetime, ctx: ActionContext,
-                                     policy: RecoveryPolicy) -> tuple[str | None, SpareResult | None]:
+    async def _replace_on_kubernetes(
+        self, pod: SlurmdPod, since: datetime, ctx: ActionContext, policy: RecoveryPolicy
+    ) -> tuple[str | None, SpareResult | None]:
         """Ask the configured provider (NodeSet, node lifecycle or HTTP) for capacity, then wait
         for a new slurmd pod on a healthy Node, registered and idle in Slurm."""
-        replacement = await self._step("request_replacement", workflow.execute_activity_method(
-            KubernetesActivities.request_k8s_replacement,
-            K8sReplacementRequest(failed_node=pod.node or "", slurm_node=pod.slurm_node, ctx=ctx),
-            summary=f"Request replacement capacity for Node {pod.node}", **K8S_REPLACEMENT,
-        ))
+        replacement = await self._step(
+            "request_replacement",
+            workflow.execute_activity_method(
+                KubernetesActivities.request_k8s_replacement,
+                K8sReplacementRequest(failed_node=pod.node or "", slurm_node=pod.slurm_node, ctx=ctx),
+                summary=f"Request replacement capacity for Node {pod.node}",
+                **K8S_REPLACEMENT,
+            ),
+        )
         self._actions.extend(replacement.actions)
         self._note(f"{replacement.provider}: {replacement.detail}")
         if not replacement.accepted:
@@ -772,44 +936,69 @@ class NodeRecoveryWorkflow:
         if policy.dry_run:
             self._skip("wait_for_spare", "dry-run: no replacement was requested")
             return None, None
-        found = await self._step("wait_for_spare", workflow.execute_activity_method(
-            KubernetesActivities.wait_for_k8s_node,
-            K8sSpareWaitRequest(failed_node=pod.node or "", since=since, node=replacement.node,
-                                deadline_seconds=policy.spare_wait_seconds),
-            summary="Wait for a new slurmd pod on a healthy Node, idle in Slurm",
-            start_to_close_timeout=timedelta(seconds=policy.spare_wait_seconds + 60),
-            heartbeat_timeout=K8S_HEARTBEAT, retry_policy=K8S_RETRY,
-        ))
+        found = await self._step(
+            "wait_for_spare",
+            workflow.execute_activity_method(
+                KubernetesActivities.wait_for_k8s_node,
+                K8sSpareWaitRequest(
+                    failed_node=pod.node or "",
+                    since=since,
+                    node=replacement.node,
+                    deadline_seconds=policy.spare_wait_seconds,
+                ),
+                summary="Wait for a new slurmd pod on a healthy Node, idle in Slurm",
+                start_to_close_timeout=timedelta(seconds=policy.spare_wait_seconds + 60),
+                heartbeat_timeout=K8S_HEARTBEAT,
+                retry_policy=K8S_RETRY,
+            ),
+        )
         self._note(f"{found.slurm_node or '-'} on Node {found.node or '-'}: {found.detail}")
-        spare = SpareResult(node=found.slurm_node or pod.slurm_node, healthy=found.healthy,
-                            in_service_at=found.in_service_at, detail=f"Node {found.node}: {found.detail}")
+        spare = SpareResult(
+            node=found.slurm_node or pod.slurm_node,
+            healthy=found.healthy,
+            in_service_at=found.in_service_at,
+            detail=f"Node {found.node}: {found.detail}",
+        )
         if found.healthy:
             # Ready, GPUs allocatable and idle in Slurm; the operator's health check has the last word.
-            health = await self._step("check_spare_health", workflow.execute_activity_method(
-                ReplacementActivities.check_node_health, spare.node,
-                summary=f"Run the health check hook on {spare.node}", start_to_close_timeout=timedelta(seconds=120),
-                retry_policy=SLURM_RETRY,
-            ))
+            health = await self._step(
+                "check_spare_health",
+                workflow.execute_activity_method(
+                    ReplacementActivities.check_node_health,
+                    spare.node,
+                    summary=f"Run the health check hook on {spare.node}",
+                    start_to_close_timeout=timedelta(seconds=120),
+                    retry_policy=SLURM_RETRY,
+                ),
+            )
             self._note(health.detail)
             spare.healthy, spare.detail = health.healthy, f"{spare.detail}; {health.detail}"
         return None, spare
 
-    async def _start_return_to_service(self, node: str, ctx: ActionContext, policy: RecoveryPolicy,
-                                       kubernetes_node: str | None) -> None:
+    async def _start_return_to_service(
+        self, node: str, ctx: ActionContext, policy: RecoveryPolicy, kubernetes_node: str | None
+    ) -> None:
         """Hands the fenced node to a workflow that outlives this incident and resumes the node
         once it is repaired and healthy."""
         workflow_id = return_to_service_workflow_id(ctx.incident_id)
         await workflow.start_child_workflow(
             ReturnToServiceWorkflow.run,
             ReturnToServiceRequest(
-                node=node, poll_seconds=policy.repair_poll_seconds, kubernetes_node=kubernetes_node,
+                node=node,
+                poll_seconds=policy.repair_poll_seconds,
+                kubernetes_node=kubernetes_node,
                 fleet_budget=policy.fleet_budget,
                 lemon=self._lease.state.quarantined if self._lease.state is not None else None,
                 give_up_at=workflow.now() + timedelta(seconds=policy.repair_wait_seconds),
-                ctx=ctx.model_copy(update={"actor": f"{policy.owner} policy",
-                                           "reason": f"return to service after repair (incident {ctx.incident_id})"}),
+                ctx=ctx.model_copy(
+                    update={
+                        "actor": f"{policy.owner} policy",
+                        "reason": f"return to service after repair (incident {ctx.incident_id})",
+                    }
+                ),
             ),
-            id=workflow_id, parent_close_policy=ParentClosePolicy.ABANDON,
+            id=workflow_id,
+            parent_close_policy=ParentClosePolicy.ABANDON,
             static_summary=f"Return {node} to service once repaired",
         )
         self._return_to_service = workflow_id
@@ -817,22 +1006,31 @@ class NodeRecoveryWorkflow:
 
     async def _drain(self, req: RecoveryRequest, ctx: ActionContext) -> NodeFenceResult:
         if req.policy.fleet_budget and not req.policy.dry_run and self._fence_breaker:
-            held = await self._step("breaker", self._pass_breaker(req.node, req.policy),
-                                    index_now=not self._fence_in_one_task)
+            held = await self._step(
+                "breaker", self._pass_breaker(req.node, req.policy), index_now=not self._fence_in_one_task
+            )
             if held is not None:
                 raise FenceHeld(held)
-        await self._notify(NotificationKind.INCIDENT_OPENED,
-                           f"XID {ctx.xid} {ctx.mnemonic} on {req.node} ({ctx.reason}): draining the node")
-        fence = await self._step("drain", self._fence_call(
-            FencingActivities.drain_node, NodeRequest(node=req.node, ctx=ctx),
-            f"Drain {req.node} in Slurm: no new work lands on it",
-        ), index_now=not self._fence_in_one_task)
+        await self._notify(
+            NotificationKind.INCIDENT_OPENED,
+            f"XID {ctx.xid} {ctx.mnemonic} on {req.node} ({ctx.reason}): draining the node",
+        )
+        fence = await self._step(
+            "drain",
+            self._fence_call(
+                FencingActivities.drain_node,
+                NodeRequest(node=req.node, ctx=ctx),
+                f"Drain {req.node} in Slurm: no new work lands on it",
+            ),
+            index_now=not self._fence_in_one_task,
+        )
         self._actions.append(fence.action)
         self._note(fence.action.detail)
         return fence
 
-    async def _fence_and_escalate(self, req: RecoveryRequest, ctx: ActionContext, first: NodeFailureAlert,
-                                  action: str, why: str) -> IncidentReport:
+    async def _fence_and_escalate(
+        self, req: RecoveryRequest, ctx: ActionContext, first: NodeFailureAlert, action: str, why: str
+    ) -> IncidentReport:
         """Drain only: nothing lands on the node, running jobs go on, a person decides the rest."""
         await self._drain(req, ctx)
         return self._finish(first, action, f"{why}: node drained, jobs left running", [], None)
@@ -841,18 +1039,24 @@ class NodeRecoveryWorkflow:
         """This incident plus the earlier ones for application XIDs on the same GPU in the window."""
         earlier = await workflow.execute_activity_method(
             ClassifyActivities.count_application_incidents,
-            ApplicationXidCountRequest(node=self._node, gpu=first.gpu, this_run_id=workflow.info().run_id,
-                                       window_seconds=policy.application_xid_window_seconds),
+            ApplicationXidCountRequest(
+                node=self._node,
+                gpu=first.gpu,
+                this_run_id=workflow.info().run_id,
+                window_seconds=policy.application_xid_window_seconds,
+            ),
             summary=f"Count recent application XIDs on {self._node} GPU {first.gpu or '(unnamed)'}",
             **SLURM_CALL,
         )
         seen = earlier + 1
-        self._note(f"{seen} of {policy.application_xid_threshold} application XID(s) on GPU "
-                   f"{first.gpu or '(unnamed)'} within {policy.application_xid_window_seconds:.0f} s")
+        self._note(
+            f"{seen} of {policy.application_xid_threshold} application XID(s) on GPU "
+            f"{first.gpu or '(unnamed)'} within {policy.application_xid_window_seconds:.0f} s"
+        )
         return seen
 
     async def _approval(self, gate: ApprovalGate, policy: RecoveryPolicy, question: str) -> str:
-        """"approve" or "deny" for a destructive step; "approve" at once when the policy does not gate it."""
+        """ "approve" or "deny" for a destructive step; "approve" at once when the policy does not gate it."""
         if gate not in policy.approval_required:
             return "approve"
         if policy.dry_run:
@@ -872,7 +1076,8 @@ class NodeRecoveryWorkflow:
     async def _signal_job(self, snap: JobSnapshot, ctx: ActionContext) -> ActionRecord | None:
         try:
             return await self._fence_call(
-                JobActivities.signal_job, SignalRequest(job_id=snap.job.job_id, signal="USR1", ctx=ctx),
+                JobActivities.signal_job,
+                SignalRequest(job_id=snap.job.job_id, signal="USR1", ctx=ctx),
                 f"SIGUSR1 to job {snap.job.job_id}: checkpoint now if you can",
             )
         except ActivityError as e:
@@ -880,8 +1085,9 @@ class NodeRecoveryWorkflow:
             workflow.logger.warning("could not signal job %s: %s", snap.job.job_id, e.cause)
             return None
 
-    async def _for_each_job(self, jobs: list[JobSnapshot],
-                            work: Callable[[JobSnapshot], Awaitable[T]]) -> list[T | BaseException]:
+    async def _for_each_job(
+        self, jobs: list[JobSnapshot], work: Callable[[JobSnapshot], Awaitable[T]]
+    ) -> list[T | BaseException]:
         """work(job) for every job, all at once: each touches only its own job, and the last job
         is reached no later than the first. Outcomes in the jobs' order, a failure as its
         exception. Runs begun before FEWER_ROUND_TRIPS went one job after another and stopped at
@@ -903,18 +1109,22 @@ class NodeRecoveryWorkflow:
             workflow.start_activity_method(
                 JobActivities.wait_for_checkpoint,
                 CheckpointWaitRequest(
-                    job_id=s.job.job_id, checkpoint_dir=s.checkpoint_dir,
-                    after_step=s.latest_complete.step if s.latest_complete else None, poll_seconds=poll_seconds,
+                    job_id=s.job.job_id,
+                    checkpoint_dir=s.checkpoint_dir,
+                    after_step=s.latest_complete.step if s.latest_complete else None,
+                    poll_seconds=poll_seconds,
                 ),
                 summary=f"Wait for job {s.job.job_id} to write a checkpoint newer than the one it had",
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(initial_interval=timedelta(seconds=poll_seconds), backoff_coefficient=1.0),
             )
-            for s in jobs if s.checkpoint_dir
+            for s in jobs
+            if s.checkpoint_dir
         ]
         try:
-            await workflow.wait_condition(lambda: all(w.done() for w in waits),
-                                          timeout=timedelta(seconds=grace_seconds))
+            await workflow.wait_condition(
+                lambda: all(w.done() for w in waits), timeout=timedelta(seconds=grace_seconds)
+            )
             self._note(f"{len(waits)} job(s) checkpointed within the grace period")
         except TimeoutError:
             late = sum(not w.done() for w in waits)
@@ -925,18 +1135,23 @@ class NodeRecoveryWorkflow:
                 if not w.done():
                     w.cancel()
 
-    async def _requeue(self, jobs: list[JobSnapshot], node: str, ctx: ActionContext,
-                       policy: RecoveryPolicy) -> list[RequeueResult]:
+    async def _requeue(
+        self, jobs: list[JobSnapshot], node: str, ctx: ActionContext, policy: RecoveryPolicy
+    ) -> list[RequeueResult]:
         """A final failure of one requeue ends the incident, with the actions of the others."""
         if self._jobs_together and not ctx.dry_run:
             outcomes = await self._for_each_job(jobs, lambda snap: self._join_job_recovery(snap, node, ctx, policy))
         else:
-            outcomes = await self._for_each_job(jobs, lambda snap: workflow.execute_activity_method(
-                JobActivities.requeue_job,
-                RequeueRequest(job=snap.job, failed_node=node, ctx=ctx, pinned_jobs=policy.pinned_jobs),
-                summary=f"Requeue job {snap.job.job_id} away from {node}",
-                heartbeat_timeout=HEARTBEAT, **SLURM_CALL,
-            ))
+            outcomes = await self._for_each_job(
+                jobs,
+                lambda snap: workflow.execute_activity_method(
+                    JobActivities.requeue_job,
+                    RequeueRequest(job=snap.job, failed_node=node, ctx=ctx, pinned_jobs=policy.pinned_jobs),
+                    summary=f"Requeue job {snap.job.job_id} away from {node}",
+                    heartbeat_timeout=HEARTBEAT,
+                    **SLURM_CALL,
+                ),
+            )
         results = [outcome for outcome in outcomes if isinstance(outcome, RequeueResult)]
         for result in results:
             self._actions.extend(result.actions)
@@ -946,30 +1161,45 @@ class NodeRecoveryWorkflow:
         self._note(f"{len(jobs)} job(s) requeued off {node}")
         return results
 
-    async def _join_job_recovery(self, snap: JobSnapshot, node: str, ctx: ActionContext,
-                                 policy: RecoveryPolicy) -> RequeueResult:
+    async def _join_job_recovery(
+        self, snap: JobSnapshot, node: str, ctx: ActionContext, policy: RecoveryPolicy
+    ) -> RequeueResult:
         """The job's requeue off this node, by the job's recovery that the incidents on its nodes share."""
         job_id = snap.job.job_id
         self._joining.add(job_id)
         await workflow.execute_activity_method(
             JobRecoveryActivities.join_job_recovery,
-            JobJoin(incident_id=self._incident_id, workflow_id=workflow.info().workflow_id, node=node, snapshot=snap,
-                    ctx=ctx, verify_deadline_seconds=policy.verify_deadline_seconds, pinned_jobs=policy.pinned_jobs),
+            JobJoin(
+                incident_id=self._incident_id,
+                workflow_id=workflow.info().workflow_id,
+                node=node,
+                snapshot=snap,
+                ctx=ctx,
+                verify_deadline_seconds=policy.verify_deadline_seconds,
+                pinned_jobs=policy.pinned_jobs,
+            ),
             summary=f"Join the recovery of job {job_id}: its requeue away from {node} and its other failed nodes",
             **SLURM_CALL,
         )
-        joined = await self._hear(job_id, lambda: self._job_recoveries.get(job_id), JOB_REQUEUE_WAIT,
-                                  f"the requeue of job {job_id}")
+        joined = await self._hear(
+            job_id, lambda: self._job_recoveries.get(job_id), JOB_REQUEUE_WAIT, f"the requeue of job {job_id}"
+        )
         self._failed_together[job_id] = joined.failed_together
         return joined.requeue
 
     async def _verify_together(self, job_id: int, deadline: float) -> JobVerification:
         await workflow.execute_activity_method(
-            JobRecoveryActivities.ask_job_verification, args=[job_id, self._job_recoveries[job_id].run_id],
-            summary=f"Ask job {job_id}'s recovery for its verification", **SLURM_CALL,
+            JobRecoveryActivities.ask_job_verification,
+            args=[job_id, self._job_recoveries[job_id].run_id],
+            summary=f"Ask job {job_id}'s recovery for its verification",
+            **SLURM_CALL,
         )
-        recovered = await self._hear(job_id, lambda: self._job_recovered.get(job_id),
-                                     timedelta(seconds=2 * deadline + 600), f"job {job_id}'s verification")
+        recovered = await self._hear(
+            job_id,
+            lambda: self._job_recovered.get(job_id),
+            timedelta(seconds=2 * deadline + 600),
+            f"job {job_id}'s verification",
+        )
         self._failed_together[job_id] = recovered.failed_together
         return recovered.verification
 
@@ -978,32 +1208,41 @@ class NodeRecoveryWorkflow:
         try:
             await workflow.wait_condition(lambda: told() is not None or job_id in self._job_failures, timeout=within)
         except asyncio.TimeoutError:
-            raise JobRecoveryFailed(f"JobRecoveryTimeout: no word of {what} from the job's recovery within "
-                                    f"{within.total_seconds():.0f} s") from None
+            raise JobRecoveryFailed(
+                f"JobRecoveryTimeout: no word of {what} from the job's recovery within {within.total_seconds():.0f} s"
+            ) from None
         if (failure := self._job_failures.get(job_id)) is not None:
             raise JobRecoveryFailed(f"{failure.error_type}: {failure.message}")
         answer = told()
         assert answer is not None
         return answer
 
-    async def _verify(self, jobs: list[JobSnapshot], requeued: list[RequeueResult], node: str,
-                      deadline: float) -> list[JobVerification]:
+    async def _verify(
+        self, jobs: list[JobSnapshot], requeued: list[RequeueResult], node: str, deadline: float
+    ) -> list[JobVerification]:
         if self._job_recoveries:
             return list(await asyncio.gather(*(self._verify_together(snap.job.job_id, deadline) for snap in jobs)))
         results = []
         for snap, requeue in zip(jobs, requeued):
-            results.append(await workflow.execute_activity_method(
-                JobActivities.verify_restart,
-                VerifyRequest(snapshot=snap, failed_node=node, requeue=requeue, deadline_seconds=deadline),
-                summary=f"Verify job {snap.job.job_id} resumed off {node} from its latest complete checkpoint",
-                start_to_close_timeout=timedelta(seconds=deadline + 60),
-                heartbeat_timeout=HEARTBEAT, retry_policy=SLURM_RETRY,
-            ))
+            results.append(
+                await workflow.execute_activity_method(
+                    JobActivities.verify_restart,
+                    VerifyRequest(snapshot=snap, failed_node=node, requeue=requeue, deadline_seconds=deadline),
+                    summary=f"Verify job {snap.job.job_id} resumed off {node} from its latest complete checkpoint",
+                    start_to_close_timeout=timedelta(seconds=deadline + 60),
+                    heartbeat_timeout=HEARTBEAT,
+                    retry_policy=SLURM_RETRY,
+                )
+            )
         return results
 
     def _finish(
-        self, first: NodeFailureAlert, action: str, outcome: str,
-        verifications: list[JobVerification], spare: SpareResult | None,
+        self,
+        first: NodeFailureAlert,
+        action: str,
+        outcome: str,
+        verifications: list[JobVerification],
+        spare: SpareResult | None,
     ) -> IncidentReport:
         assert self._classification is not None
         if any(not a.executed for a in self._actions) and not outcome.startswith("dry_run"):
@@ -1013,11 +1252,21 @@ class NodeRecoveryWorkflow:
         self._index([sa.PHASE.value_set("done"), sa.OUTCOME.value_set(outcome_label(outcome))])
         workflow.set_current_details(f"Incident {self._incident_id} on {self._node}: {outcome}")
         return build_report(
-            incident_id=self._incident_id, node=self._node, classification=self._classification,
-            action=action, outcome=outcome, failure_at=first.observed_at, phases=self._phases,
-            jobs=self._jobs, verifications=verifications, spare=spare, alerts=self._alerts.kept(), alert_counts=self._alerts.counts(),
+            incident_id=self._incident_id,
+            node=self._node,
+            classification=self._classification,
+            action=action,
+            outcome=outcome,
+            failure_at=first.observed_at,
+            phases=self._phases,
+            jobs=self._jobs,
+            verifications=verifications,
+            spare=spare,
+            alerts=self._alerts.kept(),
+            alert_counts=self._alerts.counts(),
             actions=self._actions,
-            decisions=self._decisions, return_to_service=self._return_to_service,
+            decisions=self._decisions,
+            return_to_service=self._return_to_service,
             failed_together=self._failed_together,
         )
 

@@ -66,7 +66,9 @@ def status_of(error: BaseException) -> int | None:
 
 
 async def update_optimistically(
-    read: Callable[[], Awaitable[T]], write: Callable[[T], Awaitable[Any]], what: str,
+    read: Callable[[], Awaitable[T]],
+    write: Callable[[T], Awaitable[Any]],
+    what: str,
 ) -> Any:
     """Read, let `write` change and PUT the object with the resourceVersion it was read at, and
     start over on 409 Conflict: a write never overwrites a change it did not see (a taint another
@@ -84,7 +86,11 @@ async def update_optimistically(
 async def watch_until(
     list_fn: Callable[..., Any],
     check: Callable[[dict[str, Any]], Awaitable[tuple[T | None, str]]],
-    *, deadline: float, watch_seconds: int, progress: Progress, **list_kwargs: Any,
+    *,
+    deadline: float,
+    watch_seconds: int,
+    progress: Progress,
+    **list_kwargs: Any,
 ) -> tuple[T | None, str]:
     """Keep a cache of the objects `list_fn` lists (by name), run `check` on it after the list and
     after each watch window, until `check` returns a result or the monotonic `deadline` passes.
@@ -117,14 +123,24 @@ async def watch_until(
             resource_version = None
 
 
-def _watch_window(list_fn: Callable[..., Any], objects: dict[str, Any], resource_version: str, seconds: int,
-                  list_kwargs: dict[str, Any]) -> str:
+def _watch_window(
+    list_fn: Callable[..., Any],
+    objects: dict[str, Any],
+    resource_version: str,
+    seconds: int,
+    list_kwargs: dict[str, Any],
+) -> str:
     """One watch (in a worker thread): applies the first event to `objects`, returns the
     resourceVersion to go on from."""
     stream = watch.Watch()
-    for event in stream.stream(list_fn, resource_version=resource_version, timeout_seconds=seconds,
-                               allow_watch_bookmarks=True, _request_timeout=seconds + WATCH_GRACE_SECONDS,
-                               **list_kwargs):
+    for event in stream.stream(
+        list_fn,
+        resource_version=resource_version,
+        timeout_seconds=seconds,
+        allow_watch_bookmarks=True,
+        _request_timeout=seconds + WATCH_GRACE_SECONDS,
+        **list_kwargs,
+    ):
         obj = event["object"]
         if event["type"] == "DELETED":
             objects.pop(obj.metadata.name, None)

@@ -12,8 +12,11 @@ NO_LATENCY: dict[str, float] = {}
 
 
 def protocol_methods() -> dict[str, inspect.Signature]:
-    return {name: inspect.signature(member) for name, member in vars(SlurmBackend).items()
-            if inspect.isfunction(member) and not name.startswith("_")}
+    return {
+        name: inspect.signature(member)
+        for name, member in vars(SlurmBackend).items()
+        if inspect.isfunction(member) and not name.startswith("_")
+    }
 
 
 def test_every_protocol_method_with_the_same_signature():

@@ -79,8 +79,11 @@ def test_only_a_checkpoint_can_be_broken(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("kind", list(WHY))
-def test_the_reference_job_never_resumes_from_an_incomplete_checkpoint(jobs: Jobs, tmp_path: Path,  # noqa: F811
-                                                                       kind: str) -> None:
+def test_the_reference_job_never_resumes_from_an_incomplete_checkpoint(
+    jobs: Jobs,
+    tmp_path: Path,  # noqa: F811
+    kind: str,
+) -> None:
     """A job stopped by SIGTERM (its emergency checkpoint is the newest), its checkpoints broken
     as the drill breaks them, then restarted as Slurm restarts a requeued job."""
     run_dir = tmp_path / "run"
