@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# The two commands of this project, each doing all the set-up it needs on a fresh Debian 12/13
+# The commands of this project, each doing all the set-up it needs on a fresh Debian 12/13
 # machine (as root: Slurm comes from Debian's packages):
 #
 #   ./dev.sh drill [--xid 79] [--node NODE] [--corrupt-latest-checkpoint] [--json]
 #       a recovery drill on the embedded local stack (Temporal dev server, Slurm, worker)
 #   ./dev.sh test [pytest arguments]
 #       the test suite (starts and stops every service it needs)
+#   ./dev.sh check
+#       the static checks, no service: ruff format --check, ruff check, mypy (workflows,
+#       activities, backends, contracts) and lint-imports (the import layers); each one runs, and
+#       the exit status is 1 when any of them found something
+#   ./dev.sh test-fast [pytest arguments]
+#       the fast tier, no Slurm and no Temporal server: tests/unit and tests/replay, on two
+#       pytest-xdist workers (-n 0 runs them in one process)
 #
 # Set-up: Debian packages (Slurm, munge, curl, python3-venv), then a virtual environment in .venv
-# with the project and its pinned dependencies. Both steps are skipped when already done.
+# with the project and its pinned dependencies (the test and check extras). `check` needs only
+# python3-venv and the virtual environment. Each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
@@ -19,7 +27,7 @@ say() { echo "dev.sh: $*" >&2; }
 
 install_debian_packages() {
   local missing=()
-  for p in "${DEB_PACKAGES[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -41,18 +49,36 @@ install_python_env() {
   say "creating .venv and installing the project"
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[test]'
+  .venv/bin/python -m pip install -q -e '.[test,check]'
   echo "$want" > "$stamp"
 }
 
 setup() {
-  install_debian_packages
+  install_debian_packages "${DEB_PACKAGES[@]}"
   install_python_env
+}
+
+# Every check runs, so that one pass shows every finding; the status says whether any found one.
+check() {
+  install_debian_packages python3-venv
+  install_python_env
+  local failed=()
+  say "ruff format --check"; .venv/bin/ruff format --check . || failed+=("ruff format")
+  say "ruff check"; .venv/bin/ruff check . || failed+=("ruff check")
+  say "mypy"; .venv/bin/mypy || failed+=(mypy)
+  say "lint-imports"; .venv/bin/lint-imports || failed+=(lint-imports)
+  if [ ${#failed[@]} -gt 0 ]; then
+    say "failed: ${failed[*]} (ruff format . and ruff check --fix . fix what they can)"; return 1
+  fi
+  say "every check passed"
 }
 
 case "${1:-}" in
   drill) shift; setup; exec .venv/bin/recovery drill "$@" ;;
   test) shift; setup; exec .venv/bin/python -m pytest "$@" ;;
+  test-fast) shift; setup; exec .venv/bin/python -m pytest -n 2 tests/unit tests/replay "$@" ;;
+  check) check ;;
   setup) setup ;;
-  *) echo "usage: $0 drill [options] | test [pytest arguments] | setup" >&2; exit 2 ;;
+  *) echo "usage: $0 drill [options] | test [pytest arguments] | test-fast [pytest arguments] | check | setup" >&2
+     exit 2 ;;
 esac

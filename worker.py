@@ -18,30 +18,30 @@ from pathlib import Path
 
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
-from temporalio.service import RPCError, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError, TLSConfig
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.audit import write_audit, write_audit_lines
 from activities.budget import BudgetActivities, ensure_fleet_budget
 from activities.fencing import FencingActivities
+from activities.job_recovery import JobRecoveryActivities
+from activities.jobs import JobActivities
+from activities.kubernetes import KubernetesActivities
 from activities.notify import NotifyActivities
 from activities.operators import OperatorActivities, OperatorKeys
 from activities.policy import PolicyActivities
-from activities.kubernetes import KubernetesActivities
-from activities.job_recovery import JobRecoveryActivities
-from activities.jobs import JobActivities
 from activities.replacement import ReplacementActivities
 from activities.telemetry import TelemetryActivities
 from activities.xid_policy import ClassifyActivities, XidPolicyTable
 from backends.checkpoints import CheckpointStore
 from backends.health import HealthCheck
+from backends.kubernetes import load_api_client
 from backends.replacement import HotSparePool
 from backends.slurm import SlurmCli, SlurmClient, SlurmRest, SlurmUnavailable, TokenFile, Unsupported
 from contracts import search_attributes
 from contracts.audit import configure_sink, remove_sink
-from backends.kubernetes import load_api_client
 from contracts.k8s_settings import KubernetesSettings
 from contracts.settings import ConfigError, Settings, load_settings, load_telemetry_settings, loaded
 from observability.metrics import DEFAULT as DEFAULT_METRICS, RecoveryMetrics
@@ -63,10 +63,16 @@ def temporal_tls(settings: Settings) -> TLSConfig | bool | None:
     otherwise RECOVERY_TEMPORAL_TLS as given (None: the SDK turns TLS on with an API key)."""
     if not (settings.temporal_tls_ca or settings.temporal_tls_cert or settings.temporal_tls_server_name):
         return settings.temporal_tls
+
     def read(path: Path | None) -> bytes | None:
         return path.read_bytes() if path else None
-    return TLSConfig(server_root_ca_cert=read(settings.temporal_tls_ca), domain=settings.temporal_tls_server_name,
-                     client_cert=read(settings.temporal_tls_cert), client_private_key=read(settings.temporal_tls_key))
+
+    return TLSConfig(
+        server_root_ca_cert=read(settings.temporal_tls_ca),
+        domain=settings.temporal_tls_server_name,
+        client_cert=read(settings.temporal_tls_cert),
+        client_private_key=read(settings.temporal_tls_key),
+    )
 
 
 async def connect(settings: Settings, attempts: int = 50, **options) -> Client:
@@ -77,14 +83,17 @@ async def connect(settings: Settings, attempts: int = 50, **options) -> Client:
     for attempt in range(1, attempts + 1):
         try:
             return await Client.connect(
-                settings.temporal_address, namespace=settings.temporal_namespace,
-                data_converter=pydantic_data_converter, **options,
+                settings.temporal_address,
+                namespace=settings.temporal_namespace,
+                data_converter=pydantic_data_converter,
+                **options,
             )
         except RuntimeError as e:
             if attempt == attempts:
                 # The SDK says what failed (e.g. InvalidCertificate(UnknownIssuer)), not with what.
-                raise RuntimeError(f"cannot connect to Temporal at {settings.temporal_address} "
-                                   f"({_security(settings, options)}): {e}") from e
+                raise RuntimeError(
+                    f"cannot connect to Temporal at {settings.temporal_address} ({_security(settings, options)}): {e}"
+                ) from e
             await asyncio.sleep(0.2)
     raise AssertionError("unreachable")
 
@@ -106,13 +115,16 @@ def _security(settings: Settings, options: dict) -> str:
 
 async def register_search_attributes(client: Client, namespace: str) -> None:
     """Create the incident search attributes the workflow sets (idempotent: existing ones stay)."""
-    listed = await client.operator_service.list_search_attributes(
-        ListSearchAttributesRequest(namespace=namespace))
-    missing = {key.name: key.indexed_value_type for key in search_attributes.ALL
-               if key.name not in listed.custom_attributes}
+    listed = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
+    missing = {
+        key.name: key.indexed_value_type for key in search_attributes.ALL if key.name not in listed.custom_attributes
+    }
     if missing:
         await client.operator_service.add_search_attributes(
-            AddSearchAttributesRequest(namespace=namespace, search_attributes={name: int(kind) for name, kind in missing.items()}))
+            AddSearchAttributesRequest(
+                namespace=namespace, search_attributes={name: int(kind) for name, kind in missing.items()}
+            )
+        )
         log.info("registered search attributes %s", ", ".join(sorted(missing)))
 
 
@@ -133,16 +145,22 @@ async def build_slurm(settings: Settings, stack: AsyncExitStack) -> SlurmClient:
     try:
         version = await rest.discover()
     except (SlurmUnavailable, Unsupported) as e:
-        log.warning("slurmrestd at %s not usable (%s): every Slurm call goes through the CLI",
-                    settings.slurmrestd_url, e)
+        log.warning(
+            "slurmrestd at %s not usable (%s): every Slurm call goes through the CLI", settings.slurmrestd_url, e
+        )
         return SlurmClient(cli)
     log.info("slurmrestd %s at %s; node updates and requeue go through the CLI", version, settings.slurmrestd_url)
     return SlurmClient(cli, rest)
 
 
-def activities_for(settings: Settings, slurm: SlurmClient, temporal: Client,
-                   metrics: RecoveryMetrics = DEFAULT_METRICS, kubernetes: KubernetesSettings | None = None,
-                   resources: AsyncExitStack | None = None) -> list:
+def activities_for(
+    settings: Settings,
+    slurm: SlurmClient,
+    temporal: Client,
+    metrics: RecoveryMetrics = DEFAULT_METRICS,
+    kubernetes: KubernetesSettings | None = None,
+    resources: AsyncExitStack | None = None,
+) -> list:
     """Every activity this worker runs; the Kubernetes ones when `kubernetes` configures them
     (`resources` then closes their API client when the worker stops)."""
     checkpoints = CheckpointStore()
@@ -152,8 +170,12 @@ def activities_for(settings: Settings, slurm: SlurmClient, temporal: Client,
     jobs = JobActivities(slurm, checkpoints)
     replacement = ReplacementActivities(slurm, HotSparePool(slurm), health)
     telemetry = TelemetryActivities(metrics)
-    budget = BudgetActivities(temporal, settings.budget_policy(), settings.task_queue,
-                              workflow_id=fleet_budget_workflow_id(settings.task_queue))
+    budget = BudgetActivities(
+        temporal,
+        settings.budget_policy(),
+        settings.task_queue,
+        workflow_id=fleet_budget_workflow_id(settings.task_queue),
+    )
     return [
         classify.classify_fault,
         classify.count_application_incidents,
@@ -206,11 +228,16 @@ async def serving(client: Client, settings: Settings, activities: list, **option
     """The worker polling its task queue, and the fleet budget running with this worker's policy
     (a larger K admits waiting incidents at once; a budget already running answers the first
     incident's lease request in its reply, not by signal)."""
-    async with build_worker(client, settings.task_queue, activities,
-                            max_concurrent_workflow_tasks=settings.workflow_task_slots, **options) as worker:
+    async with build_worker(
+        client, settings.task_queue, activities, max_concurrent_workflow_tasks=settings.workflow_task_slots, **options
+    ) as worker:
         if settings.fleet_budget:
-            await ensure_fleet_budget(client, settings.budget_policy(), settings.task_queue,
-                                      workflow_id=fleet_budget_workflow_id(settings.task_queue))
+            await ensure_fleet_budget(
+                client,
+                settings.budget_policy(),
+                settings.task_queue,
+                workflow_id=fleet_budget_workflow_id(settings.task_queue),
+            )
         yield worker
 
 
@@ -222,18 +249,28 @@ async def serving(client: Client, settings: Settings, activities: list, **option
 # then no longer checks the calls made in them (datetime.now(), random, I/O): the replay tests
 # (tests/replay) run every recorded history in the full sandbox, which does.
 WORKFLOW_RUNNER = SandboxedWorkflowRunner(
-    restrictions=SandboxRestrictions.default.with_passthrough_modules("workflows", "contracts", "activities"))
+    restrictions=SandboxRestrictions.default.with_passthrough_modules("workflows", "contracts", "activities")
+)
 
 
 def build_worker(client: Client, task_queue: str, activities: list, **options) -> Worker:
-    options = {"max_cached_workflows": WORKFLOW_CACHE_SIZE,
-               "max_concurrent_workflow_tasks": Settings.model_fields["workflow_task_slots"].default, **options}
+    options = {
+        "max_cached_workflows": WORKFLOW_CACHE_SIZE,
+        "max_concurrent_workflow_tasks": Settings.model_fields["workflow_task_slots"].default,
+        **options,
+    }
     return Worker(
         client,
         task_queue=task_queue,
         workflow_runner=WORKFLOW_RUNNER,
-        workflows=[NodeRecoveryWorkflow, ReturnToServiceWorkflow, FleetBudgetWorkflow, NotificationWorkflow,
-                   SpareClaimWorkflow, JobRecoveryWorkflow],
+        workflows=[
+            NodeRecoveryWorkflow,
+            ReturnToServiceWorkflow,
+            FleetBudgetWorkflow,
+            NotificationWorkflow,
+            SpareClaimWorkflow,
+            JobRecoveryWorkflow,
+        ],
         activities=activities,
         # After a crash the next workflow task would wait this long on the dead worker's sticky queue.
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
@@ -248,8 +285,9 @@ QUIET_LOGGERS = ("httpx", "httpcore")
 
 
 def configure_logging() -> None:
-    logging.basicConfig(level=os.environ.get("RECOVERY_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("RECOVERY_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
 
@@ -276,16 +314,25 @@ async def main() -> None:
                 await register_search_attributes(client, settings.temporal_namespace)
             except RPCError as e:
                 # An incident whose attributes are not defined cannot make progress: say so now.
-                sys.exit(f"cannot register the incident search attributes ({e}): create them as the README "
-                         "shows, or set RECOVERY_SEARCH_ATTRIBUTES=false")
+                sys.exit(
+                    f"cannot register the incident search attributes ({e}): create them as the README "
+                    "shows, or set RECOVERY_SEARCH_ATTRIBUTES=false"
+                )
         if settings.audit_log is not None:
             stack.callback(remove_sink, configure_sink(settings.audit_log))
         slurm = await build_slurm(settings, stack)
-        async with serving(client, settings,
-                           activities_for(settings, slurm, client, kubernetes=kubernetes, resources=stack),
-                           **telemetry.worker_options()):
-            log.info("worker polling %s on %s/%s", settings.task_queue, settings.temporal_address,
-                     settings.temporal_namespace)
+        async with serving(
+            client,
+            settings,
+            activities_for(settings, slurm, client, kubernetes=kubernetes, resources=stack),
+            **telemetry.worker_options(),
+        ):
+            log.info(
+                "worker polling %s on %s/%s",
+                settings.task_queue,
+                settings.temporal_address,
+                settings.temporal_namespace,
+            )
             await stop.wait()
             log.info("stopping: finishing activities in flight")
     log.info("stopped")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 from google.protobuf.field_mask_pb2 import FieldMask
 from temporalio import activity
@@ -34,6 +35,7 @@ from temporalio.client import (
 from temporalio.common import Priority, WorkflowIDConflictPolicy
 from temporalio.exceptions import FailureError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
+from temporalio.workflow import UpdateMethodMultiParam
 
 from contracts.budget import (
     BreakerReset,
@@ -67,18 +69,25 @@ BUDGET_SUMMARY = "Fleet disruption budget and lemon list"
 # The budget's tasks go ahead of the incidents' on the task queue they share (the default key is 3;
 # its runs after a continue-as-new keep it). Every incident waits for the budget's answer before its
 # first signal: behind a storm's backlog of incidents' tasks, one of the budget's waited 110-126 s.
-BUDGET_PRIORITY = Priority(priority_key=1)
+BUDGET_PRIORITY_KEY = 1
+BUDGET_PRIORITY = Priority(priority_key=BUDGET_PRIORITY_KEY)
 
 
-def _starting_budget(workflow_id: str, task_queue: str) -> dict:
+def _starting_budget(workflow_id: str, task_queue: str) -> dict[str, Any]:
     """The options of a call that starts the budget when none is running, and reaches it when one is."""
-    return dict(id=workflow_id, task_queue=task_queue, static_summary=BUDGET_SUMMARY, priority=BUDGET_PRIORITY,
-                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)
+    return dict(
+        id=workflow_id,
+        task_queue=task_queue,
+        static_summary=BUDGET_SUMMARY,
+        priority=BUDGET_PRIORITY,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
 
 
 class BudgetActivities:
-    def __init__(self, client: Client, policy: BudgetPolicy, task_queue: str,
-                 workflow_id: str = FLEET_BUDGET_WORKFLOW_ID):
+    def __init__(
+        self, client: Client, policy: BudgetPolicy, task_queue: str, workflow_id: str = FLEET_BUDGET_WORKFLOW_ID
+    ):
         self._client = client
         self._policy = policy
         self._task_queue = task_queue
@@ -97,18 +106,28 @@ class BudgetActivities:
         if not self._lease_updates.locked():  # checked and taken with no await between: one event loop
             async with self._lease_updates:
                 try:
-                    return await asyncio.wait_for(self._budget().execute_update(FleetBudgetWorkflow.ask_lease, req),
-                                                  LEASE_UPDATE_WITHIN)
+                    return await asyncio.wait_for(
+                        self._budget().execute_update(FleetBudgetWorkflow.ask_lease, req), LEASE_UPDATE_WITHIN
+                    )
                 # WorkflowUpdateFailedError: the update was rejected, which ask_lease never does; a
                 # budget on code from before it does (no such update): during a rolling upgrade.
-                except (RPCError, WorkflowUpdateRPCTimeoutOrCancelledError, WorkflowUpdateFailedError,
-                        TimeoutError) as err:
-                    activity.logger.info("lease request of %s sent by signal: the update was refused or "
-                                         "late (%r)", req.incident_id, err)
+                except (
+                    RPCError,
+                    WorkflowUpdateRPCTimeoutOrCancelledError,
+                    WorkflowUpdateFailedError,
+                    TimeoutError,
+                ) as err:
+                    activity.logger.info(
+                        "lease request of %s sent by signal: the update was refused or late (%r)", req.incident_id, err
+                    )
         try:
-            await self._client.start_workflow(FleetBudgetWorkflow.run, FleetBudgetInput(policy=self._policy),
-                                              **_starting_budget(self._workflow_id, self._task_queue),
-                                              start_signal="request_lease", start_signal_args=[req])
+            await self._client.start_workflow(
+                FleetBudgetWorkflow.run,
+                FleetBudgetInput(policy=self._policy),
+                **_starting_budget(self._workflow_id, self._task_queue),
+                start_signal="request_lease",
+                start_signal_args=[req],
+            )
         except WorkflowAlreadyStartedError:
             # Another request started the budget at the same moment: Temporal's test server answers
             # the slower of two racing signal-with-starts so (the dev server never did, in 600).
@@ -154,14 +173,17 @@ class BudgetActivities:
         return [ref for ref, is_closed in zip(holders, found) if is_closed]
 
 
-async def ensure_fleet_budget(client: Client, policy: BudgetPolicy, task_queue: str,
-                              workflow_id: str = FLEET_BUDGET_WORKFLOW_ID) -> BudgetStatus:
+async def ensure_fleet_budget(
+    client: Client, policy: BudgetPolicy, task_queue: str, workflow_id: str = FLEET_BUDGET_WORKFLOW_ID
+) -> BudgetStatus:
     """Start the budget if it is not running, and give it this policy and BUDGET_PRIORITY
     (idempotent)."""
-    start = WithStartWorkflowOperation(FleetBudgetWorkflow.run, FleetBudgetInput(policy=policy),
-                                       **_starting_budget(workflow_id, task_queue))
-    status = await client.execute_update_with_start_workflow(FleetBudgetWorkflow.set_policy, policy,
-                                                             start_workflow_operation=start)
+    start = WithStartWorkflowOperation(
+        FleetBudgetWorkflow.run, FleetBudgetInput(policy=policy), **_starting_budget(workflow_id, task_queue)
+    )
+    status = await client.execute_update_with_start_workflow(
+        FleetBudgetWorkflow.set_policy, policy, start_workflow_operation=start
+    )
     await give_budget_priority(client, workflow_id)
     return status
 
@@ -174,45 +196,77 @@ async def give_budget_priority(client: Client, workflow_id: str) -> None:
     try:
         description = (await client.get_workflow_handle(workflow_id).describe()).raw_description
         priority = description.workflow_execution_info.priority
-        if priority.priority_key == BUDGET_PRIORITY.priority_key:
+        if priority.priority_key == BUDGET_PRIORITY_KEY:
             return
-        await client.workflow_service.update_workflow_execution_options(UpdateWorkflowExecutionOptionsRequest(
-            namespace=client.namespace, workflow_execution=WorkflowExecution(workflow_id=workflow_id),
-            workflow_execution_options=WorkflowExecutionOptions(
-                priority=PriorityMessage(priority_key=BUDGET_PRIORITY.priority_key)),
-            update_mask=FieldMask(paths=["priority"])))
+        await client.workflow_service.update_workflow_execution_options(
+            UpdateWorkflowExecutionOptionsRequest(
+                namespace=client.namespace,
+                workflow_execution=WorkflowExecution(workflow_id=workflow_id),
+                workflow_execution_options=WorkflowExecutionOptions(
+                    priority=PriorityMessage(priority_key=BUDGET_PRIORITY_KEY)
+                ),
+                update_mask=FieldMask(paths=["priority"]),
+            )
+        )
     except RPCError as err:
-        logger.warning("the fleet budget %s keeps its task-queue priority: Temporal would not change it (%s: %s)",
-                       workflow_id, err.status.name, err.message)
+        logger.warning(
+            "the fleet budget %s keeps its task-queue priority: Temporal would not change it (%s: %s)",
+            workflow_id,
+            err.status.name,
+            err.message,
+        )
 
 
-async def release_quarantine(client: Client, node: str, signer: DecisionSigner, reason: str,
-                             workflow_id: str = FLEET_BUDGET_WORKFLOW_ID) -> QuarantineStatus:
+async def release_quarantine(
+    client: Client, node: str, signer: DecisionSigner, reason: str, workflow_id: str = FLEET_BUDGET_WORKFLOW_ID
+) -> QuarantineStatus:
     """An operator returns a lemon to automatic handling. ValueError when it is not quarantined
     or the budget refuses the operator's signature."""
     return await _operator_update(
-        client, workflow_id, FleetBudgetWorkflow.release_quarantine,
-        lambda run_id: QuarantineRelease(node=node, actor=signer.actor, reason=reason, signature=signer.sign(
-            "release_quarantine", workflow_id, run_id, node, reason)),
-        f"node {node} is not quarantined (no fleet budget is running)")
+        client,
+        workflow_id,
+        FleetBudgetWorkflow.release_quarantine,
+        lambda run_id: QuarantineRelease(
+            node=node,
+            actor=signer.actor,
+            reason=reason,
+            signature=signer.sign("release_quarantine", workflow_id, run_id, node, reason),
+        ),
+        f"node {node} is not quarantined (no fleet budget is running)",
+    )
 
 
-async def reset_breaker(client: Client, signer: DecisionSigner, reason: str,
-                        workflow_id: str = FLEET_BUDGET_WORKFLOW_ID) -> BudgetStatus:
+async def reset_breaker(
+    client: Client, signer: DecisionSigner, reason: str, workflow_id: str = FLEET_BUDGET_WORKFLOW_ID
+) -> BudgetStatus:
     """An operator resets the tripped fence circuit breaker. ValueError when it is not tripped
     or the budget refuses the operator's signature."""
     return await _operator_update(
-        client, workflow_id, FleetBudgetWorkflow.reset_breaker,
-        lambda run_id: BreakerReset(actor=signer.actor, reason=reason, signature=signer.sign(
-            "reset_breaker", workflow_id, run_id, "", reason)),
-        "the fence circuit breaker is not tripped (no fleet budget is running)")
+        client,
+        workflow_id,
+        FleetBudgetWorkflow.reset_breaker,
+        lambda run_id: BreakerReset(
+            actor=signer.actor, reason=reason, signature=signer.sign("reset_breaker", workflow_id, run_id, "", reason)
+        ),
+        "the fence circuit breaker is not tripped (no fleet budget is running)",
+    )
 
 
-async def _operator_update(client: Client, workflow_id: str, update, signed: Callable[[str], object],
-                           when_no_budget: str):
+Signed = TypeVar("Signed")
+Answer = TypeVar("Answer")
+
+
+async def _operator_update(
+    client: Client,
+    workflow_id: str,
+    update: UpdateMethodMultiParam[[FleetBudgetWorkflow, Signed], Answer],
+    signed: Callable[[str], Signed],
+    when_no_budget: str,
+) -> Answer:
     """An operator's update of the budget's current run, signed for that run; the budget's refusal,
     or no budget running, as ValueError. A run that continued as new meanwhile is asked again once."""
-    for attempt in (1, 2):
+    not_found = None
+    for _attempt in (1, 2):
         try:
             run_id = (await client.get_workflow_handle(workflow_id).describe()).run_id
             handle = client.get_workflow_handle_for(FleetBudgetWorkflow.run, workflow_id, run_id=run_id)
@@ -223,8 +277,8 @@ async def _operator_update(client: Client, workflow_id: str, update, signed: Cal
         except RPCError as err:
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
-            if attempt == 2:
-                raise ValueError(when_no_budget) from err
+            not_found = err
+    raise ValueError(when_no_budget) from not_found
 
 
 async def fleet_budget_status(client: Client, workflow_id: str = FLEET_BUDGET_WORKFLOW_ID) -> BudgetStatus:

@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 from temporalio import activity
 
-from contracts.audit import record
-from backends.slurm import NodeUpdate, SlurmClient, SlurmNotFound
 from backends.health import HealthCheck
+from backends.slurm import NodeUpdate, SlurmClient, SlurmNotFound
+from contracts.audit import record
 from contracts.budget import FenceScope, PartitionShare
 from contracts.models import ActionContext, NodeFenceResult, NodeRequest, RepairCheck, SlurmNode
 
@@ -27,33 +27,40 @@ class FencingActivities:
         self._slurm = slurm
         self._health = health
 
-    async def _fence(
-        self, req: NodeRequest, state: NodeUpdate, done: Callable[[SlurmNode], bool]
-    ) -> NodeFenceResult:
+    async def _fence(self, req: NodeRequest, state: NodeUpdate, done: Callable[[SlurmNode], bool]) -> NodeFenceResult:
         slurm = self._slurm.acting(req.ctx.dry_run)
         before = await slurm.get_node(req.node)
         ours = fenced_by(before, req.ctx)
         if done(before) and ours:
             action = record(f"{state.lower()}_node", req.node, "none", req.ctx, "already done by this incident")
-            return NodeFenceResult(node=req.node, before=before, after=before, changed=False,
-                                   owned_by_other=False, action=action)
+            return NodeFenceResult(
+                node=req.node, before=before, after=before, changed=False, owned_by_other=False, action=action
+            )
         if before.drained and not ours:
             action = record(
-                f"{state.lower()}_node", req.node, "none", req.ctx,
+                f"{state.lower()}_node",
+                req.node,
+                "none",
+                req.ctx,
                 f"left as found: drained by someone else ({before.reason!r})",
             )
-            return NodeFenceResult(node=req.node, before=before, after=before, changed=False,
-                                   owned_by_other=True, action=action)
+            return NodeFenceResult(
+                node=req.node, before=before, after=before, changed=False, owned_by_other=True, action=action
+            )
         call = await slurm.update_node(req.node, state, req.ctx.slurm_reason())
         after = await slurm.get_node(req.node)
         now = f"{after.state}{'+' + '+'.join(after.flags) if after.flags else ''}"
         action = record(
-            f"{state.lower()}_node", req.node, call, req.ctx,
+            f"{state.lower()}_node",
+            req.node,
+            call,
+            req.ctx,
             f"{before.state}{'+' + '+'.join(before.flags) if before.flags else ''} -> "
             f"{now if call.executed else state + ' (dry-run: not done)'}; reason {req.ctx.slurm_reason()!r}",
         )
-        return NodeFenceResult(node=req.node, before=before, after=after, changed=call.executed,
-                               owned_by_other=False, action=action)
+        return NodeFenceResult(
+            node=req.node, before=before, after=after, changed=call.executed, owned_by_other=False, action=action
+        )
 
     @activity.defn
     async def partition_shares(self, node: str) -> list[PartitionShare]:
@@ -76,8 +83,13 @@ class FencingActivities:
 
     @staticmethod
     def _left_as_found(req: NodeRequest, node: SlurmNode) -> RepairCheck:
-        action = record("return_to_service", req.node, "none", req.ctx,
-                        f"left as found: fenced by someone else now ({node.reason!r})")
+        action = record(
+            "return_to_service",
+            req.node,
+            "none",
+            req.ctx,
+            f"left as found: fenced by someone else now ({node.reason!r})",
+        )
         return RepairCheck(node=req.node, returned=False, final=True, detail=action.detail, action=action)
 
     @activity.defn
@@ -90,8 +102,9 @@ class FencingActivities:
         if not node.drained and node.state != "down":
             # Nobody fences it: resumed (say by this watcher's previous look), and slurmctld has
             # not seen its slurmd answer yet. Look again rather than call it someone else's.
-            return RepairCheck(node=req.node, returned=False, final=False,
-                               detail="resumed; waiting for slurmctld to see it answer")
+            return RepairCheck(
+                node=req.node, returned=False, final=False, detail="resumed; waiting for slurmctld to see it answer"
+            )
         if not fenced_by(node, req.ctx):
             return self._left_as_found(req, node)
         if not node.responding:
@@ -108,8 +121,13 @@ class FencingActivities:
         action = record("return_to_service", req.node, call, req.ctx, f"repaired and healthy: {detail}")
         # A resumed DOWN node is NOT_RESPONDING until slurmctld's next ping: the next look confirms it.
         returned = (await self._slurm.get_node(req.node)).in_service
-        return RepairCheck(node=req.node, returned=returned, final=returned, action=action,
-                           detail=action.detail if returned else "resumed; waiting for slurmctld to see it answer")
+        return RepairCheck(
+            node=req.node,
+            returned=returned,
+            final=returned,
+            action=action,
+            detail=action.detail if returned else "resumed; waiting for slurmctld to see it answer",
+        )
 
 
 def _partitions_of(node: str, nodes: list[SlurmNode]) -> list[PartitionShare]:

@@ -10,12 +10,12 @@ signal (it waits for them durably, holding no activity open).
 from __future__ import annotations
 
 from temporalio import activity
-from temporalio.client import Client, WithStartWorkflowOperation, WorkflowUpdateFailedError
+from temporalio.client import Client, WithStartWorkflowOperation, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError, FailureError
 from temporalio.service import RPCError, RPCStatusCode
 
-from contracts.models import JobJoin
+from contracts.models import JobJoin, JobRecovered
 from workflows.job_recovery import JobRecoveryWorkflow, job_recovery_workflow_id
 
 
@@ -32,24 +32,34 @@ class JobRecoveryActivities:
         """Joins (or starts) the recovery of the job; returns its run id."""
         workflow_id = job_recovery_workflow_id(self._task_queue, join.snapshot.job.job_id)
         start = WithStartWorkflowOperation(
-            JobRecoveryWorkflow.run, id=workflow_id, task_queue=self._task_queue,
+            JobRecoveryWorkflow.run,
+            id=workflow_id,
+            task_queue=self._task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            static_summary=f"Requeue and verify job {join.snapshot.job.job_id} for the incidents on its nodes")
+            static_summary=f"Requeue and verify job {join.snapshot.job.job_id} for the incidents on its nodes",
+        )
         try:
             return await self._client.execute_update_with_start_workflow(
-                JobRecoveryWorkflow.requeue, join, start_workflow_operation=start,
-                id=f"{join.incident_id}-job-{join.snapshot.job.job_id}")
+                JobRecoveryWorkflow.requeue,
+                join,
+                start_workflow_operation=start,
+                id=f"{join.incident_id}-job-{join.snapshot.job.job_id}",
+            )
         except WorkflowUpdateFailedError as err:  # refused: another job's recovery, or too many nodes
             cause = err.cause
             message = cause.message if isinstance(cause, FailureError) else str(cause)
-            raise ApplicationError(f"the job's recovery refused it: {message}", type="JobRecoveryRefused",
-                                   non_retryable=True) from err
+            raise ApplicationError(
+                f"the job's recovery refused it: {message}", type="JobRecoveryRefused", non_retryable=True
+            ) from err
 
     @activity.defn
     async def ask_job_verification(self, job_id: int, run_id: str) -> None:
         """The incident is ready for the verification of the run that took the job off its node."""
-        handle = self._client.get_workflow_handle_for(
-            JobRecoveryWorkflow.run, job_recovery_workflow_id(self._task_queue, job_id), run_id=run_id)
+        # get_workflow_handle_for(JobRecoveryWorkflow.run, ...) is this call, but mypy cannot infer its
+        # types from a run method without a parameter.
+        handle: WorkflowHandle[JobRecoveryWorkflow, JobRecovered] = self._client.get_workflow_handle(
+            job_recovery_workflow_id(self._task_queue, job_id), run_id=run_id, result_type=JobRecovered
+        )
         try:
             await handle.signal(JobRecoveryWorkflow.verify)
         except RPCError as err:

@@ -14,10 +14,11 @@ from datetime import datetime, timedelta, timezone
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
-from contracts.audit import record
 from backends.checkpoints import CheckpointStore
 from backends.slurm import SlurmClient, SlurmNotFound
+from contracts.audit import record
 from contracts.models import (
+    ActionContext,
     ActionRecord,
     CheckpointRef,
     CheckpointWaitRequest,
@@ -38,8 +39,9 @@ POLL_SECONDS = 0.5
 # found the node dead): Slurm requeues a finished batch job as a running one.
 DIED_OF_THE_FAULT = frozenset({"FAILED", "NODE_FAIL"})
 # Why a pending job waits, where Slurm says it never starts as it is: no deadline needs waiting out.
-NEVER_STARTS = frozenset({"BadConstraints", "PartitionConfig", "DependencyNeverSatisfied", "InvalidAccount",
-                          "InvalidQOS"})
+NEVER_STARTS = frozenset(
+    {"BadConstraints", "PartitionConfig", "DependencyNeverSatisfied", "InvalidAccount", "InvalidQOS"}
+)
 
 
 class JobActivities:
@@ -55,15 +57,17 @@ class JobActivities:
             if job.checkpoint_dir:
                 latest, _ = await self._checkpoints.latest_complete(job.checkpoint_dir)
                 progress = await self._checkpoints.progress(job.checkpoint_dir)
-            snapshots.append(JobSnapshot(job=job, checkpoint_dir=job.checkpoint_dir,
-                                         latest_complete=latest, progress=progress))
+            snapshots.append(
+                JobSnapshot(job=job, checkpoint_dir=job.checkpoint_dir, latest_complete=latest, progress=progress)
+            )
         return snapshots
 
     @activity.defn
     async def signal_job(self, req: SignalRequest) -> ActionRecord:
         call = await self._slurm.acting(req.ctx.dry_run).signal_job(req.job_id, req.signal)
-        return record("signal_job", f"job {req.job_id}", call, req.ctx,
-                      f"SIG{req.signal} to the batch shell and every step")
+        return record(
+            "signal_job", f"job {req.job_id}", call, req.ctx, f"SIG{req.signal} to the batch shell and every step"
+        )
 
     @activity.defn
     async def wait_for_checkpoint(self, req: CheckpointWaitRequest) -> CheckpointWaitResult:
@@ -73,11 +77,12 @@ class JobActivities:
         latest, _ = await self._checkpoints.latest_complete(req.checkpoint_dir)
         if latest is not None and (req.after_step is None or latest.step > req.after_step):
             waited = utc_now() - activity.info().scheduled_time
-            return CheckpointWaitResult(job_id=req.job_id, new_checkpoint=latest,
-                                        waited_seconds=waited.total_seconds())
+            return CheckpointWaitResult(job_id=req.job_id, new_checkpoint=latest, waited_seconds=waited.total_seconds())
         raise ApplicationError(
-            f"no complete checkpoint after step {req.after_step} yet", type="NoNewCheckpointYet",
-            category=ApplicationErrorCategory.BENIGN, next_retry_delay=timedelta(seconds=req.poll_seconds),
+            f"no complete checkpoint after step {req.after_step} yet",
+            type="NoNewCheckpointYet",
+            category=ApplicationErrorCategory.BENIGN,
+            next_retry_delay=timedelta(seconds=req.poll_seconds),
         )
 
     @activity.defn
@@ -85,7 +90,7 @@ class JobActivities:
         """Requeue held, keep the job off its failed nodes, release. Safe to retry: Slurm's own
         restart count tells whether an earlier attempt (or another node's incident) already
         requeued the job since the snapshot `req.job`."""
-        job_id, ctx, actions = req.job.job_id, req.ctx, []
+        job_id, ctx, actions = req.job.job_id, req.ctx, list[ActionRecord]()
         if ctx.dry_run:
             return await self._plan_requeue(req)
         failed = req.failed_nodes
@@ -100,18 +105,43 @@ class JobActivities:
             elif not holds and job.state not in DIED_OF_THE_FAULT:
                 return self._left(job, actions, ctx, f"not requeued: job is {job.state} ({job.state_reason})")
             elif not set(job.nodes) & set(failed):
-                return self._left(job, actions, ctx, f"not requeued: job {'runs' if holds else 'ended'} on "
-                                  f"{','.join(job.nodes)}, off the failed node(s) {','.join(failed)}")
+                return self._left(
+                    job,
+                    actions,
+                    ctx,
+                    f"not requeued: job {'runs' if holds else 'ended'} on "
+                    f"{','.join(job.nodes)}, off the failed node(s) {','.join(failed)}",
+                )
             else:
                 call = await self._slurm.requeue_hold(job_id)
-                died = "" if holds else (f"it ended {job.state} ({job.state_reason}) on the failed node after it was "
-                                         "found running there: ")
-                actions.append(record("requeue_hold", f"job {job_id}", call, ctx, died +
-                                      "requeued in held state so it cannot start before it is kept off the node"))
+                died = (
+                    ""
+                    if holds
+                    else (
+                        f"it ended {job.state} ({job.state_reason}) on the failed node after it was "
+                        "found running there: "
+                    )
+                )
+                actions.append(
+                    record(
+                        "requeue_hold",
+                        f"job {job_id}",
+                        call,
+                        ctx,
+                        died + "requeued in held state so it cannot start before it is kept off the node",
+                    )
+                )
                 requeued_now = True
         else:
-            actions.append(record("requeue_hold", f"job {job_id}", "none", ctx,
-                                  f"already requeued by an earlier attempt (restart count {job.restart_count})"))
+            actions.append(
+                record(
+                    "requeue_hold",
+                    f"job {job_id}",
+                    "none",
+                    ctx,
+                    f"already requeued by an earlier attempt (restart count {job.restart_count})",
+                )
+            )
         job = await self._wait_until_pending(job_id)
         # Every process of the job has exited now: no checkpoint of this run can appear any more.
         at_stop = await self._latest_complete_before_restart(req.job, job.restart_count)
@@ -123,36 +153,70 @@ class JobActivities:
                 actions.append(await self._unpin(job, pinned, ctx))
             if excluded != sorted(job.excluded_nodes):
                 call = await self._slurm.set_excluded_nodes(job_id, excluded)
-                actions.append(record("exclude_nodes", f"job {job_id}", call, ctx, f"ExcNodeList={','.join(excluded)}"
-                                      + (f" ({', '.join(fenced)} fenced by their own incidents)" if fenced else "")))
+                actions.append(
+                    record(
+                        "exclude_nodes",
+                        f"job {job_id}",
+                        call,
+                        ctx,
+                        f"ExcNodeList={','.join(excluded)}"
+                        + (f" ({', '.join(fenced)} fenced by their own incidents)" if fenced else ""),
+                    )
+                )
         if job.held and job.restart_count != req.job.restart_count:  # held by a requeue, not by its owner
             call = await self._slurm.release_job(job_id)
             actions.append(record("release_job", f"job {job_id}", call, ctx, "released to run elsewhere"))
-        return RequeueResult(job_id=job_id, requeued_now=requeued_now, restart_count=job.restart_count,
-                             latest_complete_at_stop=at_stop, actions=actions)
+        return RequeueResult(
+            job_id=job_id,
+            requeued_now=requeued_now,
+            restart_count=job.restart_count,
+            latest_complete_at_stop=at_stop,
+            actions=actions,
+        )
 
     async def _fenced_by_recovery(self, nodes: list[str], owner: str, failed: list[str]) -> list[str]:
         """Those of `nodes`, beyond `failed`, that an incident has drained or marked down (its reason says so)."""
         others = set(nodes) - set(failed)
         if not others:
             return []
-        return sorted(node.name for node in await self._slurm.list_nodes()
-                      if node.name in others and (node.drained or node.state == "down")
-                      and node.reason.startswith(f"{owner}: XID"))
+        return sorted(
+            node.name
+            for node in await self._slurm.list_nodes()
+            if node.name in others
+            and (node.drained or node.state == "down")
+            and node.reason.startswith(f"{owner}: XID")
+        )
 
-    async def _unpin(self, job: SlurmJob, pinned: list[str], ctx, slurm: SlurmClient | None = None) -> ActionRecord:
+    async def _unpin(
+        self, job: SlurmJob, pinned: list[str], ctx: ActionContext, slurm: SlurmClient | None = None
+    ) -> ActionRecord:
         kept = [node for node in job.required_nodes if node not in pinned]
         call = await (slurm or self._slurm).set_required_nodes(job.job_id, kept)
-        return record("unpin_job", f"job {job.job_id}", call, ctx,
-                      f"ReqNodeList={','.join(kept) or '(none)'}: it was pinned to the failed node(s) "
-                      f"{','.join(pinned)} (policy pinned_jobs=unpin)")
+        return record(
+            "unpin_job",
+            f"job {job.job_id}",
+            call,
+            ctx,
+            f"ReqNodeList={','.join(kept) or '(none)'}: it was pinned to the failed node(s) "
+            f"{','.join(pinned)} (policy pinned_jobs=unpin)",
+        )
 
     @staticmethod
-    def _left(job: SlurmJob, actions: list[ActionRecord], ctx, why: str,
-              left_pinned_to: list[str] | None = None) -> RequeueResult:
+    def _left(
+        job: SlurmJob,
+        actions: list[ActionRecord],
+        ctx: ActionContext,
+        why: str,
+        left_pinned_to: list[str] | None = None,
+    ) -> RequeueResult:
         actions.append(record("requeue_job", f"job {job.job_id}", "none", ctx, why))
-        return RequeueResult(job_id=job.job_id, requeued_now=False, restart_count=job.restart_count, actions=actions,
-                             left_pinned_to=left_pinned_to or [])
+        return RequeueResult(
+            job_id=job.job_id,
+            requeued_now=False,
+            restart_count=job.restart_count,
+            actions=actions,
+            left_pinned_to=left_pinned_to or [],
+        )
 
     async def _plan_requeue(self, req: RequeueRequest) -> RequeueResult:
         """Dry-run: the three calls a requeue makes, described and not made; the job keeps running."""
@@ -163,25 +227,37 @@ class JobActivities:
             return self._left(job, [], ctx, "would leave it: " + _left_pinned_why(job, pinned), left_pinned_to=pinned)
         excluded = sorted({*job.excluded_nodes, *req.failed_nodes})
         actions = [
-            record("requeue_hold", f"job {job_id}", await slurm.requeue_hold(job_id), ctx,
-                   "would requeue in held state"),
+            record(
+                "requeue_hold", f"job {job_id}", await slurm.requeue_hold(job_id), ctx, "would requeue in held state"
+            ),
             *([await self._unpin(job, pinned, ctx, slurm)] if pinned else []),
-            record("exclude_nodes", f"job {job_id}", await slurm.set_excluded_nodes(job_id, excluded), ctx,
-                   f"ExcNodeList={','.join(excluded)}"),
-            record("release_job", f"job {job_id}", await slurm.release_job(job_id), ctx,
-                   "would release to run elsewhere"),
+            record(
+                "exclude_nodes",
+                f"job {job_id}",
+                await slurm.set_excluded_nodes(job_id, excluded),
+                ctx,
+                f"ExcNodeList={','.join(excluded)}",
+            ),
+            record(
+                "release_job", f"job {job_id}", await slurm.release_job(job_id), ctx, "would release to run elsewhere"
+            ),
         ]
-        return RequeueResult(job_id=job_id, requeued_now=False, restart_count=job.restart_count,
-                             latest_complete_at_stop=await self._latest_complete_before_restart(job, job.restart_count + 1),
-                             actions=actions)
+        return RequeueResult(
+            job_id=job_id,
+            requeued_now=False,
+            restart_count=job.restart_count,
+            latest_complete_at_stop=await self._latest_complete_before_restart(job, job.restart_count + 1),
+            actions=actions,
+        )
 
     async def _latest_complete_before_restart(self, job: SlurmJob, restart_count: int) -> CheckpointRef | None:
         """The checkpoint the restarted job should load. A retried activity may run after the job
         restarted: then only checkpoints from before the restart count."""
         if not job.checkpoint_dir:
             return None
-        restarted = [r for r in await self._checkpoints.resume_records(job.checkpoint_dir)
-                     if r.restart_count == restart_count]
+        restarted = [
+            r for r in await self._checkpoints.resume_records(job.checkpoint_dir) if r.restart_count == restart_count
+        ]
         cutoff = restarted[-1].started_at if restarted else None
         latest, _ = await self._checkpoints.latest_complete(job.checkpoint_dir, created_before=cutoff)
         return latest
@@ -215,17 +291,31 @@ class JobActivities:
         before = req.snapshot.job
         why: list[str] = []
         if req.requeue.left_pinned_to:
-            left = JobVerification(job_id=before.job_id, verified=False, restart_count_before=before.restart_count,
-                                   restart_count_after=req.requeue.restart_count, nodes_before=before.nodes,
-                                   nodes_after=[], why_not=[f"not requeued: pinned to the failed node(s) "
-                                                            f"{','.join(req.requeue.left_pinned_to)} (policy pinned_jobs=leave)"])
+            left = JobVerification(
+                job_id=before.job_id,
+                verified=False,
+                restart_count_before=before.restart_count,
+                restart_count_after=req.requeue.restart_count,
+                nodes_before=before.nodes,
+                nodes_after=[],
+                why_not=[
+                    f"not requeued: pinned to the failed node(s) "
+                    f"{','.join(req.requeue.left_pinned_to)} (policy pinned_jobs=leave)"
+                ],
+            )
             return left, True
         try:
             job = await self._slurm.get_job(before.job_id)
         except SlurmNotFound:
-            gone = JobVerification(job_id=before.job_id, verified=False, why_not=["job is gone from Slurm"],
-                                   restart_count_before=before.restart_count, restart_count_after=-1,
-                                   nodes_before=before.nodes, nodes_after=[])
+            gone = JobVerification(
+                job_id=before.job_id,
+                verified=False,
+                why_not=["job is gone from Slurm"],
+                restart_count_before=before.restart_count,
+                restart_count_after=-1,
+                nodes_before=before.nodes,
+                nodes_after=[],
+            )
             return gone, True
         if job.state != "RUNNING":
             why.append(f"job is {job.state} ({job.state_reason}), not RUNNING")
@@ -234,9 +324,13 @@ class JobActivities:
         if job.restart_count != req.expected_restart_count:
             why.append(f"restart count is {job.restart_count}, expected {req.expected_restart_count}")
         result = JobVerification(
-            job_id=job.job_id, verified=False, why_not=why,
-            restart_count_before=before.restart_count, restart_count_after=job.restart_count,
-            nodes_before=before.nodes, nodes_after=job.nodes if job.state == "RUNNING" else [],
+            job_id=job.job_id,
+            verified=False,
+            why_not=why,
+            restart_count_before=before.restart_count,
+            restart_count_after=job.restart_count,
+            nodes_before=before.nodes,
+            nodes_after=job.nodes if job.state == "RUNNING" else [],
         )
         wrong_checkpoint = False
         if req.snapshot.checkpoint_dir:
@@ -252,8 +346,9 @@ class JobActivities:
 
     async def _check_resume(self, req: VerifyRequest, run_dir: str, result: JobVerification) -> bool:
         """Adds what is not yet right about the resume; True when it resumed from the wrong checkpoint."""
-        records = [r for r in await self._checkpoints.resume_records(run_dir)
-                   if r.restart_count == req.expected_restart_count]
+        records = [
+            r for r in await self._checkpoints.resume_records(run_dir) if r.restart_count == req.expected_restart_count
+        ]
         if not records:
             result.why_not.append(f"no resume record for restart {req.expected_restart_count} yet")
             return False
@@ -293,5 +388,7 @@ def _pinned_to(job: SlurmJob, nodes: list[str]) -> list[str]:
 
 
 def _left_pinned_why(job: SlurmJob, pinned: list[str]) -> str:
-    return (f"not requeued: pinned to the failed node(s) {','.join(pinned)} (ReqNodeList={','.join(job.required_nodes)}), "
-            "left as found (policy pinned_jobs=leave): it runs again only on its pinned nodes")
+    return (
+        f"not requeued: pinned to the failed node(s) {','.join(pinned)} (ReqNodeList={','.join(job.required_nodes)}), "
+        "left as found (policy pinned_jobs=leave): it runs again only on its pinned nodes"
+    )

@@ -20,13 +20,13 @@ from temporalio.exceptions import ApplicationError
 from backends.kubernetes import (
     HttpReplacement,
     JobsStillRunning,
-    NodeStillBusy,
     KubeRecoveryError,
     KubernetesReplacementProvider,
     NodeFencing,
     NodeLifecycleReplacement,
     NodeNotDrained,
     NodeSetReplacement,
+    NodeStillBusy,
     SlurmdPods,
     SlurmNodeView,
     SpareWatch,
@@ -69,27 +69,53 @@ def build_provider(settings: KubernetesSettings, api: ApiClient, fencing: NodeFe
         return NodeSetReplacement(api, settings.nodeset(), scale_up=settings.nodeset_scale_up)
     if settings.replacement == "node-lifecycle":
         return NodeLifecycleReplacement(api, fencing, label=settings.replace_label, delete_node=settings.delete_node)
-    return HttpReplacement(settings.http_url, settings.http_token.get_secret_value() if settings.http_token else None,
-                           timeout_seconds=settings.http_timeout_seconds, poll_seconds=settings.http_poll_seconds)
+    return HttpReplacement(
+        settings.http_url,
+        settings.http_token.get_secret_value() if settings.http_token else None,
+        timeout_seconds=settings.http_timeout_seconds,
+        poll_seconds=settings.http_poll_seconds,
+    )
 
 
 class KubernetesActivities:
-    def __init__(self, api: ApiClient, settings: KubernetesSettings, slurm: SlurmNodeView,
-                 provider: KubernetesReplacementProvider | None = None):
+    def __init__(
+        self,
+        api: ApiClient,
+        settings: KubernetesSettings,
+        slurm: SlurmNodeView,
+        provider: KubernetesReplacementProvider | None = None,
+    ):
         """`api` is this worker's own client (backends.kubernetes.load_api_client); `slurm` the
         project's SlurmClient, or a stand-in with its two reads."""
         self._settings, self._slurm = settings, slurm
-        self._fencing = NodeFencing(api, taint_key=settings.taint_key, taint_effect=settings.taint_effect,
-                                    condition_type=settings.condition_type)
-        self._pods = SlurmdPods(api, namespace=settings.namespace, selector=settings.slurmd_selector,
-                                watch_seconds=settings.watch_seconds)
-        self._spares = SpareWatch(api, self._pods, slurm, node_selector=settings.node_selector,
-                                  gpu_resource=settings.gpu_resource, watch_seconds=settings.watch_seconds)
+        self._fencing = NodeFencing(
+            api,
+            taint_key=settings.taint_key,
+            taint_effect=settings.taint_effect,
+            condition_type=settings.condition_type,
+        )
+        self._pods = SlurmdPods(
+            api, namespace=settings.namespace, selector=settings.slurmd_selector, watch_seconds=settings.watch_seconds
+        )
+        self._spares = SpareWatch(
+            api,
+            self._pods,
+            slurm,
+            node_selector=settings.node_selector,
+            gpu_resource=settings.gpu_resource,
+            watch_seconds=settings.watch_seconds,
+        )
         self._provider = provider or build_provider(settings, api, self._fencing)
 
     def all(self) -> list:
-        return [self.fence_k8s_node, self.unfence_k8s_node, self.locate_slurmd_pod, self.evict_slurmd_pod,
-                self.request_k8s_replacement, self.wait_for_k8s_node]
+        return [
+            self.fence_k8s_node,
+            self.unfence_k8s_node,
+            self.locate_slurmd_pod,
+            self.evict_slurmd_pod,
+            self.request_k8s_replacement,
+            self.wait_for_k8s_node,
+        ]
 
     @activity.defn
     async def fence_k8s_node(self, req: K8sNodeRequest) -> K8sFenceResult:
@@ -113,6 +139,7 @@ class KubernetesActivities:
     async def evict_slurmd_pod(self, req: EvictRequest) -> EvictResult:
         """Evict the pod only while Slurm shows its node drained with no job on it (read again
         right before every attempt); wait, with deadlines, through PDB refusals and termination."""
+
         async def slurm_lets_go() -> str:
             try:
                 return await confirm_evictable(self._slurm, req.pod.slurm_node)
@@ -123,10 +150,13 @@ class KubernetesActivities:
 
         with final_answers():
             return await self._pods.evict(
-                req.pod, req.ctx, confirm=slurm_lets_go,
+                req.pod,
+                req.ctx,
+                confirm=slurm_lets_go,
                 eviction_deadline=self._settings.eviction_deadline_seconds,
                 termination_deadline=self._settings.termination_deadline_seconds,
-                first_backoff=self._settings.eviction_backoff_seconds, progress=_heartbeat,
+                first_backoff=self._settings.eviction_backoff_seconds,
+                progress=_heartbeat,
             )
 
     @activity.defn

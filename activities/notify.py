@@ -67,13 +67,16 @@ class NotifyActivities:
                 response = await http.post(target.url, content=body, headers=headers)
         except httpx.HTTPError as err:
             # `from None`: httpx's own message and traceback may carry the full URL.
-            raise ApplicationError(f"{type(err).__name__} reaching {target.redacted_url}",
-                                   type="WebhookUnavailable") from None
+            raise ApplicationError(
+                f"{type(err).__name__} reaching {target.redacted_url}", type="WebhookUnavailable"
+            ) from None
         code = response.status_code
         if response.is_success:
-            return DeliveryResult(delivered=True, status_code=code, attempt=attempt,
-                                  detail=f"{target.redacted_url} answered {code}")
+            return DeliveryResult(
+                delivered=True, status_code=code, attempt=attempt, detail=f"{target.redacted_url} answered {code}"
+            )
         if code in RETRIED_STATUSES or code >= 500:
             raise ApplicationError(f"{target.redacted_url} answered {code}", type="WebhookUnavailable")
-        raise ApplicationError(f"{target.redacted_url} refused the notification: {code}",
-                               type="WebhookRejected", non_retryable=True)
+        raise ApplicationError(
+            f"{target.redacted_url} refused the notification: {code}", type="WebhookRejected", non_retryable=True
+        )

@@ -47,8 +47,9 @@ class OperatorKeys:
 
     def verify(self, check: DecisionCheck, now: datetime) -> DecisionVerdict:
         if self.path is None:
-            return refused("the worker lists no operator keys (RECOVERY_OPERATOR_KEYS_FILE): "
-                           "every operator decision is refused")
+            return refused(
+                "the worker lists no operator keys (RECOVERY_OPERATOR_KEYS_FILE): every operator decision is refused"
+            )
         if check.signature is None:
             return refused("not signed: `recovery` signs a decision with the key in RECOVERY_OPERATOR_KEY_FILE")
         try:
@@ -65,9 +66,11 @@ class OperatorKeys:
         try:
             key.verify(base64.b64decode(check.signature.value, validate=True), check.signed_bytes())
         except (InvalidSignature, ValueError):
-            return refused(f"the signature does not verify with {check.actor}'s key {fingerprint(key)} for "
-                           f"this {check.kind} of {check.workflow_id} (run {check.run_id})"
-                           + (f" at {check.subject}" if check.subject else ""))
+            return refused(
+                f"the signature does not verify with {check.actor}'s key {fingerprint(key)} for "
+                f"this {check.kind} of {check.workflow_id} (run {check.run_id})"
+                + (f" at {check.subject}" if check.subject else "")
+            )
         return DecisionVerdict(verified=True, detail=fingerprint(key))
 
 

@@ -41,7 +41,9 @@ class ReplacementActivities:
                 detail = f"{node.state}{'+' + '+'.join(node.flags) if node.flags else ''} {node.reason}".strip()
             activity.heartbeat(detail)
             await asyncio.sleep(POLL_SECONDS)
-        return SpareResult(node=req.node, healthy=False, detail=f"not healthy within {req.deadline_seconds:.0f} s: {detail}")
+        return SpareResult(
+            node=req.node, healthy=False, detail=f"not healthy within {req.deadline_seconds:.0f} s: {detail}"
+        )
 
     @activity.defn
     async def check_node_health(self, node: str) -> NodeHealth:

@@ -44,7 +44,9 @@ class XidPolicyTable:
         row = self._entries.get(xid)
         if row is None:
             return FaultClassification(
-                xid=xid, fault_class=FaultClass.UNKNOWN, description="not in the XID policy table",
+                xid=xid,
+                fault_class=FaultClass.UNKNOWN,
+                description="not in the XID policy table",
                 policy_source=str(self.path),
             )
         classification = FaultClassification(
@@ -82,8 +84,10 @@ class ClassifyActivities:
         Temporal's visibility (so the count survives restarts and needs no store of its own)."""
         since = (utc_now() - timedelta(seconds=req.window_seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
         xids = ", ".join(map(str, self._table.xids_of(FaultClass.APPLICATION)))
-        query = (f"WorkflowType = 'NodeRecoveryWorkflow' AND {sa.NODE.name} = '{req.node}' "
-                 f"AND {sa.XID.name} IN ({xids}) AND StartTime > '{since}' AND RunId != '{req.this_run_id}'")
+        query = (
+            f"WorkflowType = 'NodeRecoveryWorkflow' AND {sa.NODE.name} = '{req.node}' "
+            f"AND {sa.XID.name} IN ({xids}) AND StartTime > '{since}' AND RunId != '{req.this_run_id}'"
+        )
         if req.gpu is not None:
             query += f" AND {sa.GPU.name} = '{req.gpu}'"
         return (await self._temporal.count_workflows(query)).count

@@ -15,8 +15,10 @@ class HealthCheck:
             return True, "in service in Slurm (no health check hook configured)"
         argv = [arg.replace("{node}", node) for arg in self._argv]
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
         )
         try:
             out, _ = await asyncio.wait_for(proc.communicate(), self._timeout)

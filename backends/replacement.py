@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from contracts.audit import record
 from backends.slurm import SlurmClient, SlurmError
+from contracts.audit import record
 from contracts.models import ActionContext, ActionRecord, ReplacementResult, SlurmNode
 
 SPARE_STANDBY_REASON = "hot spare standby"
@@ -53,21 +53,32 @@ class HotSparePool:
         mine = next((n for n in nodes if n.comment == claim), None)
         if mine is not None and not mine.drained:
             # A retry: an earlier attempt claimed it and it is in service.
-            actions.append(record("resume_spare", mine.name, "none", ctx,
-                                  "found in service with this incident's claim: an earlier attempt brought it in"))
+            actions.append(
+                record(
+                    "resume_spare",
+                    mine.name,
+                    "none",
+                    ctx,
+                    "found in service with this incident's claim: an earlier attempt brought it in",
+                )
+            )
             return self._brought_in(mine, actions)
-        standby = [n for n in nodes if n.drained and n.reason.endswith(SPARE_STANDBY_REASON)
-                   and n.comment in ("", claim)]
+        standby = [
+            n for n in nodes if n.drained and n.reason.endswith(SPARE_STANDBY_REASON) and n.comment in ("", claim)
+        ]
         for spare in sorted(standby, key=lambda n: n.comment != claim):  # our own claim first
             if await self._claim(slurm, spare, claim, ctx, actions):
                 return self._brought_in(spare, actions)
         return ReplacementResult(
-            node=None, provider=self.name, actions=actions,
+            node=None,
+            provider=self.name,
+            actions=actions,
             detail=f"no hot spare on standby among {', '.join(candidates) or 'none configured'}",
         )
 
-    async def _claim(self, slurm: SlurmClient, spare: SlurmNode, claim: str, ctx: ActionContext,
-                     actions: list[ActionRecord]) -> bool:
+    async def _claim(
+        self, slurm: SlurmClient, spare: SlurmNode, claim: str, ctx: ActionContext, actions: list[ActionRecord]
+    ) -> bool:
         """Claim the spare, then resume it. A refused RESUME is looked into: the spare still
         drained is an error (retried); taken by another claim (another worker's incident), it is
         lost; undrained with this incident's claim, it is ours (a slurmctld that restarts refuses
@@ -82,12 +93,25 @@ class HotSparePool:
             if now.drained:
                 raise
             if now.comment != claim:
-                actions.append(record("spare_taken", spare.name, "none", ctx,
-                                      f"another claim resumed this spare first ({now.comment!r}): trying the next"))
+                actions.append(
+                    record(
+                        "spare_taken",
+                        spare.name,
+                        "none",
+                        ctx,
+                        f"another claim resumed this spare first ({now.comment!r}): trying the next",
+                    )
+                )
                 return False
-            actions.append(record("resume_spare", spare.name, "none", ctx,
-                                  f"Slurm refused the RESUME ({refused}) yet the spare is undrained with this "
-                                  "incident's claim"))
+            actions.append(
+                record(
+                    "resume_spare",
+                    spare.name,
+                    "none",
+                    ctx,
+                    f"Slurm refused the RESUME ({refused}) yet the spare is undrained with this incident's claim",
+                )
+            )
             return True
         actions.append(record("resume_spare", spare.name, call, ctx, "hot spare brought into service"))
         return True

@@ -57,26 +57,35 @@ async def storm(args: argparse.Namespace) -> int:
     facts = machine()
     say = (lambda text: print(text, file=sys.stderr, flush=True)) if args.json else print
     say(f"machine: {json.dumps(facts)}")
-    say(f"storm: {spec.alerts} alerts over {spec.nodes} nodes ({spec.nodes * spec.distinct_per_node} distinct, "
-        f"each payload sent {spec.copies} times, shuffled) from {spec.clients} clients; {args.runs} runs")
+    say(
+        f"storm: {spec.alerts} alerts over {spec.nodes} nodes ({spec.nodes * spec.distinct_per_node} distinct, "
+        f"each payload sent {spec.copies} times, shuffled) from {spec.clients} clients; {args.runs} runs"
+    )
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-storm-") as tmp:
         for i in range(args.runs):
             run = await run_once(spec, Path(tmp))
             runs.append(run)
-            say(f"run {i + 1}: {run.alerts_per_s} alerts/s ({run.requests_per_s} requests/s), p50 {run.p50_ms} ms, "
+            say(
+                f"run {i + 1}: {run.alerts_per_s} alerts/s ({run.requests_per_s} requests/s), p50 {run.p50_ms} ms, "
                 f"p99 {run.p99_ms} ms, max {run.max_ms} ms; by kind {run.latency_by_kind}; "
                 f"incidents {run.incidents}/{run.nodes}; "
                 f"outcomes {run.outcomes}; errors {run.errors}; Temporal calls {run.temporal_calls}; "
-                f"CPU cores used {run.cpu_cores}")
-    result = {"benchmark": "storm", "command": "python -m bench storm" + (" --json" if args.json else ""),
-              "machine": facts} | summary(spec, runs)
+                f"CPU cores used {run.cpu_cores}"
+            )
+    result = {
+        "benchmark": "storm",
+        "command": "python -m bench storm" + (" --json" if args.json else ""),
+        "machine": facts,
+    } | summary(spec, runs)
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"median of {args.runs}: {result['alerts_per_s']} alerts/s, p50 {result['p50_ms']} ms, "
-              f"p99 {result['p99_ms']} ms; incidents {result['incidents']} for {spec.nodes} nodes; "
-              f"{'ok' if result['ok'] else 'NOT ok'}")
+        print(
+            f"median of {args.runs}: {result['alerts_per_s']} alerts/s, p50 {result['p50_ms']} ms, "
+            f"p99 {result['p99_ms']} ms; incidents {result['incidents']} for {spec.nodes} nodes; "
+            f"{'ok' if result['ok'] else 'NOT ok'}"
+        )
     return 0 if result["ok"] else 1
 
 
@@ -120,8 +129,9 @@ class Runner:
         if "scale" in self.selected and self.calibration is not None:
             latency, paths = self.calibration
             sizes = QUICK_SCALE_SIZES if self.quick else SCALE_SIZES
-            self.keep("scale", await self.measure(
-                "scale", lambda: scale.run(latency, paths, sizes, self.runs["scale"])))
+            self.keep(
+                "scale", await self.measure("scale", lambda: scale.run(latency, paths, sizes, self.runs["scale"]))
+            )
         if "storm" in self.selected:
             self.keep("storm", await self.measure("storm", lambda: storm_table.run(self.runs["storm"], self.quick)))
 
@@ -131,19 +141,20 @@ class Runner:
         async with bench_stack(timeout) as bench:
             say(f"Slurm {bench.cluster.get('SLURM_VERSION', '?')}, SlurmdTimeout {bench.slurmd_timeout} s")
             if "reaction" in self.selected:
-                self.keep("reaction", await self.measure(
-                    "reaction", lambda: reaction.run(bench, self.runs["reaction"])))
+                self.keep(
+                    "reaction", await self.measure("reaction", lambda: reaction.run(bench, self.runs["reaction"]))
+                )
             elif any(n in self.selected for n in REAL_SLURM):
                 await self.measure("warm-up", lambda: reaction.warm_up(bench))
             if "degrading" in self.selected:
-                self.keep("degrading", await self.measure(
-                    "degrading", lambda: degrading.run(bench, self.runs["degrading"])))
+                self.keep(
+                    "degrading", await self.measure("degrading", lambda: degrading.run(bench, self.runs["degrading"]))
+                )
             if "scale" in self.selected:
                 self.calibration = await self.measure("scale", lambda: scale.calibrate(bench))
             if "resume" in self.selected:
                 runs = self.runs["resume"]
-                self.keep("resume", await self.measure(
-                    "resume", lambda: resume.run(bench, runs, runs, self.quick)))
+                self.keep("resume", await self.measure("resume", lambda: resume.run(bench, runs, runs, self.quick)))
 
     def ordered(self) -> list[Outcome]:
         return [self.outcomes[n] for n in (*ALL, "stack", "warm-up") if n in self.outcomes]
@@ -162,12 +173,14 @@ async def table(args: argparse.Namespace, selected: tuple[str, ...]) -> int:
     await runner.run()
     facts_after = machine()
     rows = [r for o in runner.ordered() for r in o.rows]
-    notes = [f"machine: {json.dumps(facts)}",
-             f"load average at the end: {facts_after['load_average_1m']} (1 min), "
-             f"{facts_after['load_average_5m']} (5 min)"]
+    notes = [
+        f"machine: {json.dumps(facts)}",
+        f"load average at the end: {facts_after['load_average_1m']} (1 min), {facts_after['load_average_5m']} (5 min)",
+    ]
     for outcome in runner.ordered():
-        notes.append(f"{outcome.name}: FAILED: {outcome.failed}" if outcome.failed
-                     else f"{outcome.name}:\n{outcome.details}")
+        notes.append(
+            f"{outcome.name}: FAILED: {outcome.failed}" if outcome.failed else f"{outcome.name}:\n{outcome.details}"
+        )
     if as_json:
         say("\n".join(notes))
         print(json.dumps([r.as_json() for r in rows]))
@@ -181,18 +194,32 @@ async def table(args: argparse.Namespace, selected: tuple[str, ...]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                        help="the rows as a JSON list on stdout; everything else on stderr")
-    common.add_argument("--runs", type=int, default=argparse.SUPPRESS,
-                        help="runs per benchmark, medians reported (defaults in the module docstring)")
+    common.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="the rows as a JSON list on stdout; everything else on stderr",
+    )
+    common.add_argument(
+        "--runs",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="runs per benchmark, medians reported (defaults in the module docstring)",
+    )
     common.add_argument("--quick", action="store_true", default=argparse.SUPPRESS, help="a short smoke run")
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__, parents=[common],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__,
+        parents=[common],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="benchmark")
-    for name, what in (("reaction", "alert accepted -> drained and signalled (real Slurm)"),
-                       ("resume", "time to resume after XID 79 vs Slurm alone (real Slurm; 5+ minutes)"),
-                       ("degrading", "lost steps with and without the grace checkpoint (real Slurm)"),
-                       ("scale", "10, 100, 1,000 concurrent incidents (scale harness)")):
+    for name, what in (
+        ("reaction", "alert accepted -> drained and signalled (real Slurm)"),
+        ("resume", "time to resume after XID 79 vs Slurm alone (real Slurm; 5+ minutes)"),
+        ("degrading", "lost steps with and without the grace checkpoint (real Slurm)"),
+        ("scale", "10, 100, 1,000 concurrent incidents (scale harness)"),
+    ):
         sub.add_parser(name, help=what, parents=[common])
     s = sub.add_parser("storm", help="an alert storm against the hook server (bench/storm.py)")
     s.add_argument("--json", action="store_true", help="print one JSON object")

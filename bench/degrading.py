@@ -27,18 +27,31 @@ class DegradingResult:
 
     def rows(self) -> list[Row]:
         return [
-            row("degrading XID 94: steps lost with the grace checkpoint (baseline: without; real Slurm)",
-                median(r.lost_steps for r in self.with_grace), "steps",
-                median(r.lost_steps for r in self.without_grace), goal("value == 0"), digits=1),
-            row("degrading XID 94: time to resume with the grace checkpoint (baseline: without)",
-                median(r.time_to_resume for r in self.with_grace), "s",
-                median(r.time_to_resume for r in self.without_grace), digits=1),
+            row(
+                "degrading XID 94: steps lost with the grace checkpoint (baseline: without; real Slurm)",
+                median(r.lost_steps for r in self.with_grace),
+                "steps",
+                median(r.lost_steps for r in self.without_grace),
+                goal("value == 0"),
+                digits=1,
+            ),
+            row(
+                "degrading XID 94: time to resume with the grace checkpoint (baseline: without)",
+                median(r.time_to_resume for r in self.with_grace),
+                "s",
+                median(r.time_to_resume for r in self.without_grace),
+                digits=1,
+            ),
         ]
 
     def details(self) -> str:
-        return "\n".join([f"  {len(self.with_grace)} run(s) each; baseline: degrading_grace_seconds=0",
-                          *(f"  grace {self.grace_seconds:.0f} s: {r.detail}" for r in self.with_grace),
-                          *(f"  no grace:  {r.detail}" for r in self.without_grace)])
+        return "\n".join(
+            [
+                f"  {len(self.with_grace)} run(s) each; baseline: degrading_grace_seconds=0",
+                *(f"  grace {self.grace_seconds:.0f} s: {r.detail}" for r in self.with_grace),
+                *(f"  no grace:  {r.detail}" for r in self.without_grace),
+            ]
+        )
 
 
 async def run(bench: BenchStack, runs: int) -> DegradingResult:

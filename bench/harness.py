@@ -25,8 +25,19 @@ from backends.replacement import SPARE_STANDBY_REASON
 from backends.slurm.api import NodeUpdate, SlurmCommandError, SlurmNotFound
 from contracts.models import Invocation, SlurmJob, SlurmNode
 
-OPERATIONS = ("get_node", "list_nodes", "list_jobs", "get_job", "update_node", "set_node_comment", "signal_job",
-              "requeue_hold", "set_excluded_nodes", "set_required_nodes", "release_job")
+OPERATIONS = (
+    "get_node",
+    "list_nodes",
+    "list_jobs",
+    "get_job",
+    "update_node",
+    "set_node_comment",
+    "signal_job",
+    "requeue_hold",
+    "set_excluded_nodes",
+    "set_required_nodes",
+    "release_job",
+)
 _HOLDS = ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")
 
 
@@ -48,8 +59,9 @@ class ScaleSlurm:
     path = "cli"  # the path the incident records for each action; the harness stands in for Slurm
     dry_run = False
 
-    def __init__(self, nodes: int, latency: dict[str, float], call_log: TextIO | None = None,
-                 restart_delay: float = 2.0) -> None:
+    def __init__(
+        self, nodes: int, latency: dict[str, float], call_log: TextIO | None = None, restart_delay: float = 2.0
+    ) -> None:
         self.latency = latency
         self.call_log = call_log
         self.restart_delay = restart_delay
@@ -59,10 +71,16 @@ class ScaleSlurm:
         self._starts_at: dict[int, float] = {}  # a released job starts at (monotonic)
         for i in range(nodes):
             self.nodes[node_name(i)] = SlurmNode(name=node_name(i), state="allocated", partitions=[PARTITION])
-            self.nodes[spare_name(i)] = SlurmNode(name=spare_name(i), state="idle", flags=["DRAIN"],
-                                                  reason=f"recovery: {SPARE_STANDBY_REASON}", partitions=[PARTITION])
-            self.jobs[i + 1] = SlurmJob(job_id=i + 1, name=f"train-{i}", state="RUNNING", nodes=[node_name(i)],
-                                        priority=1)
+            self.nodes[spare_name(i)] = SlurmNode(
+                name=spare_name(i),
+                state="idle",
+                flags=["DRAIN"],
+                reason=f"recovery: {SPARE_STANDBY_REASON}",
+                partitions=[PARTITION],
+            )
+            self.jobs[i + 1] = SlurmJob(
+                job_id=i + 1, name=f"train-{i}", state="RUNNING", nodes=[node_name(i)], priority=1
+            )
             self._spare_of[i + 1] = spare_name(i)
 
     def supports(self, operation: str) -> bool:
@@ -132,8 +150,11 @@ class ScaleSlurm:
         await self._call("update_node", name, state)
         node = self._node(name)
         if state in ("DRAIN", "DOWN") and not reason:
-            raise SlurmCommandError(["scontrol", "update", f"NodeName={name}", f"State={state}"], 1,
-                                    "You must specify a reason when DOWNING or DRAINING a node. Request denied")
+            raise SlurmCommandError(
+                ["scontrol", "update", f"NodeName={name}", f"State={state}"],
+                1,
+                "You must specify a reason when DOWNING or DRAINING a node. Request denied",
+            )
         if self.dry_run:
             return self._write(f"update_node {name} {state}")
         if state == "DRAIN":
@@ -141,8 +162,11 @@ class ScaleSlurm:
         elif state == "DOWN":
             update = {"state": "down", "reason": reason}
         else:
-            update = {"state": "idle" if node.state == "down" else node.state,
-                      "flags": [f for f in node.flags if f != "DRAIN"], "reason": ""}
+            update = {
+                "state": "idle" if node.state == "down" else node.state,
+                "flags": [f for f in node.flags if f != "DRAIN"],
+                "reason": "",
+            }
         self.nodes[name] = node.model_copy(update=update)
         return self._write(f"update_node {name} {state}")
 
@@ -167,9 +191,15 @@ class ScaleSlurm:
         if not self.dry_run:
             for name in job.nodes:
                 self.nodes[name] = self.nodes[name].model_copy(update={"state": "idle"})
-            self.jobs[job_id] = job.model_copy(update={
-                "state": "PENDING", "state_reason": "job_requeued_in_held_state", "priority": 0, "nodes": [],
-                "restart_count": job.restart_count + 1})
+            self.jobs[job_id] = job.model_copy(
+                update={
+                    "state": "PENDING",
+                    "state_reason": "job_requeued_in_held_state",
+                    "priority": 0,
+                    "nodes": [],
+                    "restart_count": job.restart_count + 1,
+                }
+            )
         return self._write(f"requeue_hold {job_id}")
 
     async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> Invocation:

@@ -17,8 +17,9 @@ from bench.table import median, percentile
 from starter.faults import local_activity_marker
 
 
-async def activity_timeline(handle: WorkflowHandle, since: datetime, until_activity: str,
-                            occurrences: int = 1) -> list[tuple[str, float]]:
+async def activity_timeline(
+    handle: WorkflowHandle, since: datetime, until_activity: str, occurrences: int = 1
+) -> list[tuple[str, float]]:
     """timeline() of the run's history."""
     return timeline(await history_of(handle), since, until_activity, occurrences)
 
@@ -27,8 +28,9 @@ async def history_of(handle: WorkflowHandle) -> list[HistoryEvent]:
     return [event async for event in handle.fetch_history_events()]
 
 
-def timeline(events: Iterable[HistoryEvent], since: datetime, until_activity: str,
-             occurrences: int = 1) -> list[tuple[str, float]]:
+def timeline(
+    events: Iterable[HistoryEvent], since: datetime, until_activity: str, occurrences: int = 1
+) -> list[tuple[str, float]]:
     """(segment, seconds) from `since` until the `occurrences`-th completion of `until_activity`.
 
     Segments: "workflow task -> NAME" (from the end of the last activity completed before NAME
@@ -60,9 +62,11 @@ def timeline(events: Iterable[HistoryEvent], since: datetime, until_activity: st
             scheduled_id = event.activity_task_completed_event_attributes.scheduled_event_id
             completed, scheduled_at, end_before = scheduled[scheduled_id]
             started_at = started.get(scheduled_id, scheduled_at)
-            segments += [(f"workflow task -> {completed}", (scheduled_at - end_before).total_seconds()),
-                         (f"{completed} in the task queue", (started_at - scheduled_at).total_seconds()),
-                         (f"{completed} at the worker", (at - started_at).total_seconds())]
+            segments += [
+                (f"workflow task -> {completed}", (scheduled_at - end_before).total_seconds()),
+                (f"{completed} in the task queue", (started_at - scheduled_at).total_seconds()),
+                (f"{completed} at the worker", (at - started_at).total_seconds()),
+            ]
             done = at
         if completed is None:
             continue
@@ -121,16 +125,20 @@ class WorkflowTaskWaits:
         for event in events:
             if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
                 scheduled[event.event_id] = event.event_time.ToDatetime()
-                if event.workflow_task_scheduled_event_attributes.task_queue.kind == \
-                        TaskQueueKind.TASK_QUEUE_KIND_STICKY:
+                if (
+                    event.workflow_task_scheduled_event_attributes.task_queue.kind
+                    == TaskQueueKind.TASK_QUEUE_KIND_STICKY
+                ):
                     self.on_sticky_queue += 1
             elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
                 at = scheduled.get(event.workflow_task_started_event_attributes.scheduled_event_id)
                 if at is not None:
                     self.waits.append((event.event_time.ToDatetime() - at).total_seconds())
             elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
-                if event.workflow_task_timed_out_event_attributes.timeout_type == \
-                        TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START:
+                if (
+                    event.workflow_task_timed_out_event_attributes.timeout_type
+                    == TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START
+                ):
                     self.left_the_sticky_queue += 1
                 else:
                     self.timed_out_at_the_worker += 1
@@ -138,10 +146,12 @@ class WorkflowTaskWaits:
     def summary(self) -> str:
         if not self.waits:
             return "no workflow task started"
-        return (f"{len(self.waits)} started ({self.on_sticky_queue} scheduled on the worker's sticky queue, "
-                f"{self.left_the_sticky_queue} of them timed out there unstarted; {self.timed_out_at_the_worker} "
-                f"timed out at the worker), waited in a task queue p50 {percentile(self.waits, 0.5) * 1000:.0f} ms, "
-                f"p99 {percentile(self.waits, 0.99) * 1000:.0f} ms, max {max(self.waits) * 1000:.0f} ms")
+        return (
+            f"{len(self.waits)} started ({self.on_sticky_queue} scheduled on the worker's sticky queue, "
+            f"{self.left_the_sticky_queue} of them timed out there unstarted; {self.timed_out_at_the_worker} "
+            f"timed out at the worker), waited in a task queue p50 {percentile(self.waits, 0.5) * 1000:.0f} ms, "
+            f"p99 {percentile(self.waits, 0.99) * 1000:.0f} ms, max {max(self.waits) * 1000:.0f} ms"
+        )
 
 
 def median_timeline(runs: list[list[tuple[str, float]]]) -> list[tuple[str, float]]:

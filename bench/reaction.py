@@ -76,8 +76,13 @@ class ReactionResult:
         ours = [r.seconds for r in self.ours]
         base = [r.seconds for r in self.baseline]
         return [
-            row("reaction p50: alert accepted -> drained + jobs signalled (real Slurm)",
-                median(ours), "s", median(base), REACTION_GOAL),
+            row(
+                "reaction p50: alert accepted -> drained + jobs signalled (real Slurm)",
+                median(ours),
+                "s",
+                median(base),
+                REACTION_GOAL,
+            ),
             row("reaction p90 (real Slurm)", percentile(ours, 0.9), "s", percentile(base, 0.9)),
         ]
 
@@ -85,19 +90,21 @@ class ReactionResult:
         def ms(values) -> str:
             return ", ".join(f"{v * 1000:.0f}" for v in values)
 
-        lines = [f"  {len(self.ours)} runs each; baseline: the same scontrol/squeue/scancel calls from a bare bash "
-                 "script; ours from the alert's hand-over to Temporal; 2 probe jobs on the node",
-                 f"  ours:     {ms(r.seconds for r in self.ours)} ms (by the incident's action records: "
-                 f"{ms(r.by_actions or 0 for r in self.ours)} ms)",
-                 f"  baseline: {ms(r.seconds for r in self.baseline)} ms",
-                 f"  not counted: the worker's first incident, {self.warm_up.seconds * 1000:.0f} ms (its first "
-                 "imports and connections; a worker in service is long-running)",
-                 "  where our reaction goes (median per segment, from the incident's Temporal history):",
-                 render_timeline(timeline := median_timeline([r.timeline for r in self.ours])),
-                 f"    against a median reaction of {median([r.seconds for r in self.ours]) * 1000:.0f} ms: "
-                 f"the history does not show the rest (a local activity's marker keeps the workflow's clock, "
-                 "which starts when the server hands the first workflow task over, not when the worker's code "
-                 "takes it up), nor the signal's way to the jobs"]
+        lines = [
+            f"  {len(self.ours)} runs each; baseline: the same scontrol/squeue/scancel calls from a bare bash "
+            "script; ours from the alert's hand-over to Temporal; 2 probe jobs on the node",
+            f"  ours:     {ms(r.seconds for r in self.ours)} ms (by the incident's action records: "
+            f"{ms(r.by_actions or 0 for r in self.ours)} ms)",
+            f"  baseline: {ms(r.seconds for r in self.baseline)} ms",
+            f"  not counted: the worker's first incident, {self.warm_up.seconds * 1000:.0f} ms (its first "
+            "imports and connections; a worker in service is long-running)",
+            "  where our reaction goes (median per segment, from the incident's Temporal history):",
+            render_timeline(median_timeline([r.timeline for r in self.ours])),
+            f"    against a median reaction of {median([r.seconds for r in self.ours]) * 1000:.0f} ms: "
+            f"the history does not show the rest (a local activity's marker keeps the workflow's clock, "
+            "which starts when the server hands the first workflow task over, not when the worker's code "
+            "takes it up), nor the signal's way to the jobs",
+        ]
         return "\n".join(lines)
 
 
@@ -129,7 +136,7 @@ async def run(bench: BenchStack, runs: int) -> ReactionResult:
     result = ReactionResult(await warm_up(bench), [], [])
     for i in range(runs):
         # alternate which goes first, so that neither always meets a cluster fresh from a reset
-        for kind in (("ours", "baseline") if i % 2 == 0 else ("baseline", "ours")):
+        for kind in ("ours", "baseline") if i % 2 == 0 else ("baseline", "ours"):
             probes = await start_probes(bench, f"{kind}-{i + 1}")
             if kind == "ours":
                 reaction = await react_ours(bench, probes)
@@ -137,9 +144,11 @@ async def run(bench: BenchStack, runs: int) -> ReactionResult:
             else:
                 reaction = await react_baseline(bench, probes)
                 result.baseline.append(reaction)
-            say(f"reaction run {i + 1} {kind}: {reaction.seconds * 1000:.0f} ms (drained after "
+            say(
+                f"reaction run {i + 1} {kind}: {reaction.seconds * 1000:.0f} ms (drained after "
                 f"{reaction.drained_after * 1000:.0f} ms, jobs signalled after "
-                f"{', '.join(f'{s * 1000:.0f}' for s in reaction.signalled_after)} ms)")
+                f"{', '.join(f'{s * 1000:.0f}' for s in reaction.signalled_after)} ms)"
+            )
     await reset(bench)
     return result
 
@@ -155,13 +164,20 @@ async def start_probes(bench: BenchStack, label: str) -> Probes:
     run_dir.mkdir(parents=True)
     script = run_dir / "probe.sbatch"
     script.write_text(PROBE_SCRIPT)
-    common = ["sbatch", "--parsable", f"--job-name={PROBE_JOB_NAME}", "--ntasks-per-node=1", f"--chdir={run_dir}",
-              f"--output={run_dir}/slurm-%j.out"]
+    common = [
+        "sbatch",
+        "--parsable",
+        f"--job-name={PROBE_JOB_NAME}",
+        "--ntasks-per-node=1",
+        f"--chdir={run_dir}",
+        f"--output={run_dir}/slurm-%j.out",
+    ]
     wide = int((await bench.slurm.run(*common, "--nodes=2", str(script), str(run_dir))).split(";")[0])
     job = await wait_async(lambda: _running(bench, wide), 60, f"probe job {wide} to run")
     node = job.nodes[-1]
-    narrow = int((await bench.slurm.run(*common, "--nodes=1", f"--nodelist={node}", str(script), str(run_dir)))
-                 .split(";")[0])
+    narrow = int(
+        (await bench.slurm.run(*common, "--nodes=1", f"--nodelist={node}", str(script), str(run_dir))).split(";")[0]
+    )
     probes = Probes(run_dir, node, [wide, narrow])
 
     async def ready() -> bool:
@@ -186,8 +202,9 @@ async def _all_signalled(probes: Probes) -> dict[int, float]:
 
 
 async def react_ours(bench: BenchStack, probes: Probes) -> Reaction:
-    alert = NodeFailureAlert(node=probes.node, xid=79, source="bench", actor="bench reaction",
-                             reason=f"benchmark: XID 79 on {probes.node}")
+    alert = NodeFailureAlert(
+        node=probes.node, xid=79, source="bench", actor="bench reaction", reason=f"benchmark: XID 79 on {probes.node}"
+    )
     handle = await raise_alert(bench.client, alert, bench.stack.task_queue, bench.policy)
     accepted = time.time()
     received = await _all_signalled(probes)
@@ -205,8 +222,9 @@ async def react_ours(bench: BenchStack, probes: Probes) -> Reaction:
     node = await bench.slurm.get_node(probes.node)
     if not (node.drained and node.reason.startswith(f"{bench.policy.owner}:")):
         raise StackError(f"{probes.node} is not drained by the incident: {node.state} {node.flags} {node.reason!r}")
-    timeline = await activity_timeline(handle, datetime.fromtimestamp(accepted, timezone.utc), "signal_job",
-                                       occurrences=len(probes.job_ids))
+    timeline = await activity_timeline(
+        handle, datetime.fromtimestamp(accepted, timezone.utc), "signal_job", occurrences=len(probes.job_ids)
+    )
     return Reaction(
         seconds=max(drained, *received.values()) - accepted,
         drained_after=drained - accepted,
@@ -220,12 +238,23 @@ async def react_baseline(bench: BenchStack, probes: Probes) -> Reaction:
     reason = f"{bench.policy.owner}: bench baseline XID 79"
     started = time.time()
     proc = await asyncio.create_subprocess_exec(
-        "bash", "-c", BASELINE_SCRIPT, "baseline", probes.node, reason, env=bench.slurm_env(),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        "bash",
+        "-c",
+        BASELINE_SCRIPT,
+        "baseline",
+        probes.node,
+        reason,
+        env=bench.slurm_env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await proc.communicate()
     if proc.returncode != 0:
         raise StackError(f"the baseline script failed: {err.decode().strip()}")
     drained = float(out.decode().split()[1])
     received = await _all_signalled(probes)
-    return Reaction(seconds=max(drained, *received.values()) - started, drained_after=drained - started,
-                    signalled_after=[t - started for t in received.values()])
+    return Reaction(
+        seconds=max(drained, *received.values()) - started,
+        drained_after=drained - started,
+        signalled_after=[t - started for t in received.values()],
+    )

@@ -22,9 +22,9 @@ import asyncio
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from backends.checkpoints import CheckpointStore
 from bench.stack import BenchStack, say
 from bench.table import Row, goal, median, row
-from backends.checkpoints import CheckpointStore
 from contracts.models import JobReport, JobSnapshot, JobVerification, RecoveryPolicy, utc_now
 from starter.drill import DrillOptions
 from starter.localstack import StackError, wait_async
@@ -52,23 +52,45 @@ class ResumeResult:
     def rows(self) -> list[Row]:
         where = "real Slurm" + (f"; smoke: baseline at SlurmdTimeout {self.slurmd_timeout} s" if self.quick else "")
         return [
-            row(f"time to resume after XID 79, hot spare ({where})",
-                median(r.time_to_resume for r in self.ours), "s", median(r.time_to_resume for r in self.baseline),
-                goal("ratio <= 0.05", note="20x faster"), digits=1),
-            row(f"lost progress after XID 79 ({where})", median(r.lost_steps for r in self.ours), "steps",
-                median(r.lost_steps for r in self.baseline), goal("value <= baseline"), digits=1),
+            row(
+                f"time to resume after XID 79, hot spare ({where})",
+                median(r.time_to_resume for r in self.ours),
+                "s",
+                median(r.time_to_resume for r in self.baseline),
+                goal("ratio <= 0.05", note="20x faster"),
+                digits=1,
+            ),
+            row(
+                f"lost progress after XID 79 ({where})",
+                median(r.lost_steps for r in self.ours),
+                "steps",
+                median(r.lost_steps for r in self.baseline),
+                goal("value <= baseline"),
+                digits=1,
+            ),
             # no goal of its own: the same steps lost differ by each step's wall-time jitter (0.2 s vs 0.201 s)
-            row(f"lost training time after XID 79 ({where})", median(r.lost_seconds for r in self.ours), "s",
-                median(r.lost_seconds for r in self.baseline), digits=2),
+            row(
+                f"lost training time after XID 79 ({where})",
+                median(r.lost_seconds for r in self.ours),
+                "s",
+                median(r.lost_seconds for r in self.baseline),
+                digits=2,
+            ),
         ]
 
     def details(self) -> str:
         timeout = f"SlurmdTimeout {self.slurmd_timeout} s" + (
-            " (the local stack's, not Slurm's default of 300 s: a smoke run only)" if self.quick else "")
-        return "\n".join([f"  {len(self.ours)} run(s) each (the baseline takes SlurmdTimeout and more a run); "
-                          f"baseline: Slurm alone, the node's slurmd killed, {timeout}, job with --requeue, "
-                          "spare in service",*(f"  ours:     {r.detail}" for r in self.ours),
-                          *(f"  baseline: {r.detail}" for r in self.baseline)])
+            " (the local stack's, not Slurm's default of 300 s: a smoke run only)" if self.quick else ""
+        )
+        return "\n".join(
+            [
+                f"  {len(self.ours)} run(s) each (the baseline takes SlurmdTimeout and more a run); "
+                f"baseline: Slurm alone, the node's slurmd killed, {timeout}, job with --requeue, "
+                "spare in service",
+                *(f"  ours:     {r.detail}" for r in self.ours),
+                *(f"  baseline: {r.detail}" for r in self.baseline),
+            ]
+        )
 
 
 async def run(bench: BenchStack, runs: int, baseline_runs: int, quick: bool) -> ResumeResult:
@@ -77,8 +99,10 @@ async def run(bench: BenchStack, runs: int, baseline_runs: int, quick: bool) -> 
         result.ours.append(await drill_recovery(bench, DrillOptions(xid=XID)))
         say(f"resume run {i + 1} ours: {result.ours[-1].detail}")
     for i in range(baseline_runs):
-        say(f"resume run {i + 1} baseline: Slurm alone, SlurmdTimeout {bench.slurmd_timeout} s: "
-            f"expect {bench.slurmd_timeout} s or more")
+        say(
+            f"resume run {i + 1} baseline: Slurm alone, SlurmdTimeout {bench.slurmd_timeout} s: "
+            f"expect {bench.slurmd_timeout} s or more"
+        )
         result.baseline.append(await slurm_alone(bench, DrillOptions(xid=XID)))
         say(f"resume run {i + 1} baseline: {result.baseline[-1].detail}")
     return result
@@ -91,10 +115,14 @@ async def drill_recovery(bench: BenchStack, opts: DrillOptions, policy: Recovery
     if not result.passed or report.time_to_resume_seconds is None:
         failed = "; ".join(f"{c.name}: {c.detail}" for c in result.checks if not c.passed)
         raise StackError(f"the drill did not recover: {report.outcome}; {failed}")
-    return Recovery(report.time_to_resume_seconds, report.lost_steps or 0, report.lost_seconds or 0.0,
-                    f"time to resume {report.time_to_resume_seconds:.1f} s, lost {report.lost_steps} steps "
-                    f"({report.lost_seconds} s of training), resumed at step {report.resumed_step}, "
-                    f"job {result.job_id}")
+    return Recovery(
+        report.time_to_resume_seconds,
+        report.lost_steps or 0,
+        report.lost_seconds or 0.0,
+        f"time to resume {report.time_to_resume_seconds:.1f} s, lost {report.lost_steps} steps "
+        f"({report.lost_seconds} s of training), resumed at step {report.resumed_step}, "
+        f"job {result.job_id}",
+    )
 
 
 async def slurm_alone(bench: BenchStack, opts: DrillOptions) -> Recovery:
@@ -118,8 +146,9 @@ async def slurm_alone(bench: BenchStack, opts: DrillOptions) -> Recovery:
         await slurm.update_node(spare, "RESUME", None)
     node = job.nodes[-1]
     latest, _ = await store.latest_complete(str(run_dir))
-    snapshot = JobSnapshot(job=job, checkpoint_dir=str(run_dir), latest_complete=latest,
-                           progress=await store.progress(str(run_dir)))
+    snapshot = JobSnapshot(
+        job=job, checkpoint_dir=str(run_dir), latest_complete=latest, progress=await store.progress(str(run_dir))
+    )
     failure_at = utc_now()
     drill.inject_fault(node, opts.xid, gpu_lost=True)
     await asyncio.to_thread(bench.stack.kill_node, node)
@@ -128,24 +157,40 @@ async def slurm_alone(bench: BenchStack, opts: DrillOptions) -> Recovery:
     async def resumed():
         records = [r for r in await store.resume_records(str(run_dir)) if r.restart_count > job.restart_count]
         progress = await store.progress(str(run_dir))
-        if records and progress and progress.restart_count == records[-1].restart_count \
-                and progress.step > (records[-1].resumed_step or 0):
+        if (
+            records
+            and progress
+            and progress.restart_count == records[-1].restart_count
+            and progress.step > (records[-1].resumed_step or 0)
+        ):
             return records[-1]
         return None
 
     try:
-        record = await wait_async(resumed, bench.slurmd_timeout * 2 + 300, "Slurm to requeue and restart the job",
-                                  interval=1.0)
+        record = await wait_async(
+            resumed, bench.slurmd_timeout * 2 + 300, "Slurm to requeue and restart the job", interval=1.0
+        )
         after = await slurm.get_job(job_id)
     finally:
         await slurm.run("scancel", str(job_id))
         await bench.bring_nodes_back()
     verification = JobVerification(
-        job_id=job_id, verified=True, restart_count_before=job.restart_count, restart_count_after=after.restart_count,
-        nodes_before=job.nodes, nodes_after=after.nodes, resume=record, resumed_at=record.started_at)
+        job_id=job_id,
+        verified=True,
+        restart_count_before=job.restart_count,
+        restart_count_after=after.restart_count,
+        nodes_before=job.nodes,
+        nodes_after=after.nodes,
+        resume=record,
+        resumed_at=record.started_at,
+    )
     report: JobReport = job_report(snapshot, verification, failure_at)
     assert report.time_to_resume_seconds is not None
-    return Recovery(report.time_to_resume_seconds, report.lost_steps or 0, report.lost_seconds or 0.0,
-                    f"time to resume {report.time_to_resume_seconds:.1f} s, lost {report.lost_steps} steps "
-                    f"({report.lost_seconds} s of training), resumed at step {report.resumed_step}, job {job_id} "
-                    f"{','.join(job.nodes)} -> {','.join(after.nodes)}, restarts {after.restart_count}")
+    return Recovery(
+        report.time_to_resume_seconds,
+        report.lost_steps or 0,
+        report.lost_seconds or 0.0,
+        f"time to resume {report.time_to_resume_seconds:.1f} s, lost {report.lost_steps} steps "
+        f"({report.lost_seconds} s of training), resumed at step {report.resumed_step}, job {job_id} "
+        f"{','.join(job.nodes)} -> {','.join(after.nodes)}, restarts {after.restart_count}",
+    )

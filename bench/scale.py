@@ -38,8 +38,15 @@ from temporalio.client import Client
 
 from bench import reaction
 from bench.harness import OPERATIONS, ScaleSlurm, node_name, spare_name
-from bench.profile import (HISTORY_KINDS, WorkflowTaskWaits, activity_timeline, history_counts, history_of,
-                           median_timeline, render_timeline)
+from bench.profile import (
+    HISTORY_KINDS,
+    WorkflowTaskWaits,
+    activity_timeline,
+    history_counts,
+    history_of,
+    median_timeline,
+    render_timeline,
+)
 from bench.services import cpu_seconds, machine_busy_seconds, process, temporal_dev_server
 from bench.stack import BenchStack, say
 from bench.table import Row, goal, median, percentile, row
@@ -65,9 +72,13 @@ async def calibrate(bench: BenchStack, samples: int = 5) -> tuple[dict[str, floa
     """Median seconds of each Slurm operation as the worker makes it (same routing, CLI or REST),
     on the real local cluster; and the path each took."""
     settings = Settings(
-        TEMPORAL_ADDRESS=bench.settings.temporal_address, SLURM_CONF=bench.cluster["SLURM_CONF"],
-        SLURM_BIN_DIR=bench.cluster.get("SLURM_BIN_DIR", ""), SLURMRESTD_URL=bench.cluster["SLURMRESTD_URL"],
-        SLURMRESTD_USER=bench.cluster["SLURMRESTD_USER"], SLURMRESTD_TOKEN_FILE=bench.cluster["SLURMRESTD_TOKEN_FILE"])
+        TEMPORAL_ADDRESS=bench.settings.temporal_address,
+        SLURM_CONF=bench.cluster["SLURM_CONF"],
+        SLURM_BIN_DIR=bench.cluster.get("SLURM_BIN_DIR", ""),
+        SLURMRESTD_URL=bench.cluster["SLURMRESTD_URL"],
+        SLURMRESTD_USER=bench.cluster["SLURMRESTD_USER"],
+        SLURMRESTD_TOKEN_FILE=bench.cluster["SLURMRESTD_TOKEN_FILE"],
+    )
     timings: dict[str, list[float]] = {op: [] for op in OPERATIONS}
 
     async def timed(operation: str, call: Awaitable) -> None:
@@ -91,7 +102,7 @@ async def calibrate(bench: BenchStack, samples: int = 5) -> tuple[dict[str, floa
             await timed("signal_job", slurm.signal_job(wide, "USR1"))
         for job_id in probes.job_ids:
             await timed("requeue_hold", slurm.requeue_hold(job_id))
-            await wait_async(lambda: _pending(bench, job_id), 30, f"job {job_id} to be requeued")
+            await wait_async(lambda: _pending(bench, job_id), 30, f"job {job_id} to be requeued")  # noqa: B023 (awaited here)
             for _ in range(samples // 2 + 1):  # Slurm takes excluded nodes only while a job is pending
                 await timed("set_excluded_nodes", slurm.set_excluded_nodes(job_id, [other]))
                 await timed("set_required_nodes", slurm.set_required_nodes(job_id, []))
@@ -148,17 +159,19 @@ class ScaleRun:
     budget_tasks: WorkflowTaskWaits = field(default_factory=WorkflowTaskWaits)  # every run of the fleet budget
 
     def summary(self) -> str:
-        return (f"N={self.nodes}: drained+signalled in {self.seconds_to_drain_and_signal:.2f} s "
-                f"({self.nodes_per_s:.0f} nodes/s; bare script {self.bare_nodes_per_s:.0f}/s), hand-over "
-                f"{self.handover_seconds:.2f} s, per incident p50 {self.incident_p50:.2f} s p99 "
-                f"{self.incident_p99:.2f} s; all ended after {self.seconds_to_finish:.1f} s {self.outcomes}; "
-                f"CPU per incident: worker {self.worker_cpu_per_incident * 1000:.1f} ms, Temporal "
-                f"{self.temporal_cpu_per_incident * 1000:.1f} ms (until all signalled: "
-                f"{self.worker_cpu_to_signal * 1000:.1f} + {self.temporal_cpu_to_signal * 1000:.1f} ms); "
-                f"worker RSS {self.worker_idle_rss_mib:.0f} -> peak {self.worker_peak_rss_mib:.0f} MiB; "
-                f"other processes {self.other_cores:.2f} cores; per incident: "
-                + ", ".join(f"{v:g} {k}" for k, v in self.history.items())
-                + f"; the fleet budget's workflow tasks: {self.budget_tasks.summary()}")
+        return (
+            f"N={self.nodes}: drained+signalled in {self.seconds_to_drain_and_signal:.2f} s "
+            f"({self.nodes_per_s:.0f} nodes/s; bare script {self.bare_nodes_per_s:.0f}/s), hand-over "
+            f"{self.handover_seconds:.2f} s, per incident p50 {self.incident_p50:.2f} s p99 "
+            f"{self.incident_p99:.2f} s; all ended after {self.seconds_to_finish:.1f} s {self.outcomes}; "
+            f"CPU per incident: worker {self.worker_cpu_per_incident * 1000:.1f} ms, Temporal "
+            f"{self.temporal_cpu_per_incident * 1000:.1f} ms (until all signalled: "
+            f"{self.worker_cpu_to_signal * 1000:.1f} + {self.temporal_cpu_to_signal * 1000:.1f} ms); "
+            f"worker RSS {self.worker_idle_rss_mib:.0f} -> peak {self.worker_peak_rss_mib:.0f} MiB; "
+            f"other processes {self.other_cores:.2f} cores; per incident: "
+            + ", ".join(f"{v:g} {k}" for k, v in self.history.items())
+            + f"; the fleet budget's workflow tasks: {self.budget_tasks.summary()}"
+        )
 
 
 async def run_once(nodes: int, latency: dict[str, float], workdir: Path) -> ScaleRun:
@@ -166,8 +179,10 @@ async def run_once(nodes: int, latency: dict[str, float], workdir: Path) -> Scal
     call_log, ready, log = workdir / f"calls-{nodes}.log", workdir / f"ready-{nodes}", workdir / f"worker-{nodes}.log"
     ready.unlink(missing_ok=True)
     measured, warm_up = range(nodes), nodes  # one more node, whose incident warms the worker up
-    with temporal_dev_server(workdir) as (temporal, address), \
-            scale_worker(nodes + 1, latency, address, call_log, ready, log) as worker:
+    with (
+        temporal_dev_server(workdir) as (temporal, address),
+        scale_worker(nodes + 1, latency, address, call_log, ready, log) as worker,
+    ):
         await wait_async(lambda: _ready(ready, worker, log), 60, "the scale worker to poll")
         client = await connect(Settings(TEMPORAL_ADDRESS=address))
         await hand_over(client, [warm_up])
@@ -175,8 +190,9 @@ async def run_once(nodes: int, latency: dict[str, float], workdir: Path) -> Scal
         idle_rss = _rss_mib(worker.pid, "VmRSS")
 
         def cpu() -> CpuSample:
-            return CpuSample(cpu_seconds(worker.pid), cpu_seconds(temporal.pid), time.process_time(),
-                             machine_busy_seconds())
+            return CpuSample(
+                cpu_seconds(worker.pid), cpu_seconds(temporal.pid), time.process_time(), machine_busy_seconds()
+            )
 
         cpu_before = cpu()
         started = time.time()
@@ -188,10 +204,16 @@ async def run_once(nodes: int, latency: dict[str, float], workdir: Path) -> Scal
         cpu_after = cpu()
         peak_rss = _rss_mib(worker.pid, "VmHWM")
         outcomes = await _outcomes(client, nodes)
-        timeline = median_timeline([
-            await activity_timeline(client.get_workflow_handle(incident_workflow_id(node_name(i))),
-                                    datetime.fromtimestamp(started, timezone.utc), "signal_job")
-            for i in _sample(nodes)])
+        timeline = median_timeline(
+            [
+                await activity_timeline(
+                    client.get_workflow_handle(incident_workflow_id(node_name(i))),
+                    datetime.fromtimestamp(started, timezone.utc),
+                    "signal_job",
+                )
+                for i in _sample(nodes)
+            ]
+        )
         budget = await _budget_histories(client)
         history = await _history_per_incident(client, nodes, budget)
         # Every incident waits on the budget's answers: a budget task that waits in a queue holds
@@ -202,16 +224,26 @@ async def run_once(nodes: int, latency: dict[str, float], workdir: Path) -> Scal
     per_incident = [t - started for t in done_at.values()]
     seconds = max(per_incident)
     return ScaleRun(
-        nodes=nodes, seconds_to_drain_and_signal=seconds, nodes_per_s=nodes / seconds, bare_nodes_per_s=bare,
-        handover_seconds=handover_seconds, incident_p50=percentile(per_incident, 0.5),
-        incident_p99=percentile(per_incident, 0.99), seconds_to_finish=finished - started, outcomes=outcomes,
+        nodes=nodes,
+        seconds_to_drain_and_signal=seconds,
+        nodes_per_s=nodes / seconds,
+        bare_nodes_per_s=bare,
+        handover_seconds=handover_seconds,
+        incident_p50=percentile(per_incident, 0.5),
+        incident_p99=percentile(per_incident, 0.99),
+        seconds_to_finish=finished - started,
+        outcomes=outcomes,
         worker_cpu_per_incident=(cpu_after.worker - cpu_before.worker) / nodes,
         temporal_cpu_per_incident=(cpu_after.temporal - cpu_before.temporal) / nodes,
         worker_cpu_to_signal=(cpu_at_signal.worker - cpu_before.worker) / nodes,
         temporal_cpu_to_signal=(cpu_at_signal.temporal - cpu_before.temporal) / nodes,
         other_cores=cpu_after.others_since(cpu_before) / (finished - started),
-        worker_idle_rss_mib=idle_rss, worker_peak_rss_mib=peak_rss, timeline=timeline, history=history,
-        budget_tasks=budget_tasks)
+        worker_idle_rss_mib=idle_rss,
+        worker_peak_rss_mib=peak_rss,
+        timeline=timeline,
+        history=history,
+        budget_tasks=budget_tasks,
+    )
 
 
 async def bare_drain_and_signal(nodes: int, latency: dict[str, float]) -> float:
@@ -235,8 +267,13 @@ async def hand_over(client: Client, nodes: Iterable[int]) -> float:
     gate = asyncio.Semaphore(HANDOVER_CONCURRENCY)
 
     async def one(i: int) -> None:
-        alert = NodeFailureAlert(node=node_name(i), xid=79, source="bench", actor="bench scale",
-                                 reason=f"benchmark: XID 79 on {node_name(i)}")
+        alert = NodeFailureAlert(
+            node=node_name(i),
+            xid=79,
+            source="bench",
+            actor="bench scale",
+            reason=f"benchmark: XID 79 on {node_name(i)}",
+        )
         policy = RecoveryPolicy(spare_nodes=[spare_name(i)], spare_wait_seconds=120, verify_deadline_seconds=300)
         async with gate:
             await raise_alerts(client, [alert], TASK_QUEUE, policy)
@@ -247,20 +284,43 @@ async def hand_over(client: Client, nodes: Iterable[int]) -> float:
 
 
 @contextmanager
-def scale_worker(nodes: int, latency: dict[str, float], address: str, call_log: Path, ready: Path,
-                 log: Path) -> Iterator[subprocess.Popen]:
+def scale_worker(
+    nodes: int, latency: dict[str, float], address: str, call_log: Path, ready: Path, log: Path
+) -> Iterator[subprocess.Popen]:
     """The worker process on the harness; stopped (SIGTERM, then SIGKILL) on exit."""
-    argv = [sys.executable, "-m", "bench.scale_worker", "--nodes", str(nodes), "--latency", json.dumps(latency),
-            "--restart-delay", str(RESTART_DELAY_SECONDS), "--call-log", str(call_log), "--ready", str(ready)]
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.scale_worker",
+        "--nodes",
+        str(nodes),
+        "--latency",
+        json.dumps(latency),
+        "--restart-delay",
+        str(RESTART_DELAY_SECONDS),
+        "--call-log",
+        str(call_log),
+        "--ready",
+        str(ready),
+    ]
     # The fleet budget and its fence circuit breaker run (their cost is part of each incident) with
     # room for every node at once.
-    env = {**os.environ, "TEMPORAL_ADDRESS": address, "RECOVERY_TASK_QUEUE": TASK_QUEUE,
-           "RECOVERY_HEALTH_CHECK": "", "RECOVERY_LOG_LEVEL": "WARNING", "PYTHONPATH": str(REPO),
-           "RECOVERY_BUDGET_MAX_NODES": str(nodes), "RECOVERY_BUDGET_PARTITION_FRACTION": "1",
-           "RECOVERY_BUDGET_MAX_DISRUPTED_JOBS": str(nodes), "RECOVERY_BREAKER_MAX_FENCES": str(nodes),
-           "RECOVERY_BREAKER_FLEET_FRACTION": "1", "RECOVERY_BREAKER_PARTITION_FRACTION": "1",
-           # Each incident names its own spare (one per node of the harness): a drill worker's setting.
-           "RECOVERY_ACCEPT_STARTER_POLICY": "true"}
+    env = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": address,
+        "RECOVERY_TASK_QUEUE": TASK_QUEUE,
+        "RECOVERY_HEALTH_CHECK": "",
+        "RECOVERY_LOG_LEVEL": "WARNING",
+        "PYTHONPATH": str(REPO),
+        "RECOVERY_BUDGET_MAX_NODES": str(nodes),
+        "RECOVERY_BUDGET_PARTITION_FRACTION": "1",
+        "RECOVERY_BUDGET_MAX_DISRUPTED_JOBS": str(nodes),
+        "RECOVERY_BREAKER_MAX_FENCES": str(nodes),
+        "RECOVERY_BREAKER_FLEET_FRACTION": "1",
+        "RECOVERY_BREAKER_PARTITION_FRACTION": "1",
+        # Each incident names its own spare (one per node of the harness): a drill worker's setting.
+        "RECOVERY_ACCEPT_STARTER_POLICY": "true",
+    }
     with process(argv, env, log, cwd=REPO) as proc:
         yield proc
 
@@ -295,8 +355,10 @@ async def _drained_and_signalled(call_log: Path, nodes: set[str], timeout: float
                 elif operation == "signal_job" and node_name(int(target) - 1) in nodes:
                     signalled.setdefault(node_name(int(target) - 1), float(at))
             if time.monotonic() > deadline:
-                raise StackError(f"after {timeout:.0f} s: {len(drained)} of {len(nodes)} nodes drained, "
-                                 f"{len(signalled)} jobs signalled")
+                raise StackError(
+                    f"after {timeout:.0f} s: {len(drained)} of {len(nodes)} nodes drained, "
+                    f"{len(signalled)} jobs signalled"
+                )
             await asyncio.sleep(0.05)
     return {node: max(drained[node], signalled[node]) for node in drained}
 
@@ -316,8 +378,9 @@ async def _outcomes(client: Client, nodes: int) -> dict[str, int]:
 
     async def one(i: int) -> None:
         async with gate:
-            report = await client.get_workflow_handle_for(NodeRecoveryWorkflow.run,
-                                                           incident_workflow_id(node_name(i))).result()
+            report = await client.get_workflow_handle_for(
+                NodeRecoveryWorkflow.run, incident_workflow_id(node_name(i))
+            ).result()
         outcome = report.outcome.split(":", 1)[0]
         counts[outcome] = counts.get(outcome, 0) + 1
 
@@ -328,8 +391,10 @@ async def _outcomes(client: Client, nodes: int) -> dict[str, int]:
 async def _history_per_incident(client: Client, nodes: int, budget: list[list[HistoryEvent]]) -> dict[str, float]:
     """What an incident asks of the server, counted: the median over sampled incidents of each
     kind of history event, and the fleet budget's events (every run of it) per incident."""
-    counts = [history_counts(await history_of(client.get_workflow_handle(incident_workflow_id(node_name(i)))))
-              for i in _sample(nodes)]
+    counts = [
+        history_counts(await history_of(client.get_workflow_handle(incident_workflow_id(node_name(i)))))
+        for i in _sample(nodes)
+    ]
     history = {kind: median(c[kind] for c in counts) or 0 for kind in ["events", *HISTORY_KINDS]}
     history["fleet budget events"] = round(sum(map(len, budget)) / (nodes + 1), 1)  # + the warm-up incident
     return history
@@ -337,8 +402,10 @@ async def _history_per_incident(client: Client, nodes: int, budget: list[list[Hi
 
 async def _budget_histories(client: Client) -> list[list[HistoryEvent]]:
     """Every run of the fleet budget's history."""
-    return [await history_of(client.get_workflow_handle(run.id, run_id=run.run_id))
-            async for run in client.list_workflows(f"WorkflowId = '{fleet_budget_workflow_id(TASK_QUEUE)}'")]
+    return [
+        await history_of(client.get_workflow_handle(run.id, run_id=run.run_id))
+        async for run in client.list_workflows(f"WorkflowId = '{fleet_budget_workflow_id(TASK_QUEUE)}'")
+    ]
 
 
 def _sample(nodes: int) -> list[int]:
@@ -362,35 +429,60 @@ class ScaleResult:
         smallest, largest = sizes[0], sizes[-1]
         rows = []
         for n in sizes:
-            rows.append(row(f"scale N={n:,}: drain+signal throughput {LABEL}",
-                            self.median_of(n, "nodes_per_s"), "nodes/s", self.median_of(n, "bare_nodes_per_s"),
-                            goal("value >= 50"), digits=1))
+            rows.append(
+                row(
+                    f"scale N={n:,}: drain+signal throughput {LABEL}",
+                    self.median_of(n, "nodes_per_s"),
+                    "nodes/s",
+                    self.median_of(n, "bare_nodes_per_s"),
+                    goal("value >= 50"),
+                    digits=1,
+                )
+            )
         for n in sizes:
-            rows.append(row(f"scale N={n:,}: worker CPU per incident {LABEL}",
-                            self.median_of(n, "worker_cpu_per_incident") * 1000, "ms",
-                            self.median_of(smallest, "worker_cpu_per_incident") * 1000,
-                            goal("ratio <= 1.5", note="flat") if n != smallest else None, digits=1))
-        rows.append(row(f"scale N={largest:,}: worker peak RSS {LABEL}",
-                        self.median_of(largest, "worker_peak_rss_mib"), "MiB",
-                        self.median_of(largest, "worker_idle_rss_mib"), goal("value <= 1024"), digits=0))
+            rows.append(
+                row(
+                    f"scale N={n:,}: worker CPU per incident {LABEL}",
+                    self.median_of(n, "worker_cpu_per_incident") * 1000,
+                    "ms",
+                    self.median_of(smallest, "worker_cpu_per_incident") * 1000,
+                    goal("ratio <= 1.5", note="flat") if n != smallest else None,
+                    digits=1,
+                )
+            )
+        rows.append(
+            row(
+                f"scale N={largest:,}: worker peak RSS {LABEL}",
+                self.median_of(largest, "worker_peak_rss_mib"),
+                "MiB",
+                self.median_of(largest, "worker_idle_rss_mib"),
+                goal("value <= 1024"),
+                digits=0,
+            )
+        )
         return rows
 
     def details(self) -> str:
         runs = {n: len(r) for n, r in self.runs.items()}
-        lines = [f"  runs per N {runs}; baselines: throughput, the same calls from a bare script straight to the "
-                 f"harness; CPU, the smallest N; RSS, the worker at rest",
-                 "  latency per call (median, real local cluster, this run): " + ", ".join(
-            f"{op} {s * 1000:.1f} ms ({self.paths[op]})" for op, s in self.latency.items())]
+        lines = [
+            f"  runs per N {runs}; baselines: throughput, the same calls from a bare script straight to the "
+            f"harness; CPU, the smallest N; RSS, the worker at rest",
+            "  latency per call (median, real local cluster, this run): "
+            + ", ".join(f"{op} {s * 1000:.1f} ms ({self.paths[op]})" for op, s in self.latency.items()),
+        ]
         for n in sorted(self.runs):
             lines += [f"  {r.summary()}" for r in self.runs[n]]
-            lines.append(f"  N={n}: where an incident's time to signal goes (median of {SAMPLED_TIMELINES} sampled "
-                         "incidents, from the first hand-over):")
+            lines.append(
+                f"  N={n}: where an incident's time to signal goes (median of {SAMPLED_TIMELINES} sampled "
+                "incidents, from the first hand-over):"
+            )
             lines.append(render_timeline(median_timeline([r.timeline for r in self.runs[n]])))
         return "\n".join(lines)
 
 
-async def run(latency: dict[str, float], paths: dict[str, str], sizes: list[int], runs: int,
-              progress: Callable[[str], None] = say) -> ScaleResult:
+async def run(
+    latency: dict[str, float], paths: dict[str, str], sizes: list[int], runs: int, progress: Callable[[str], None] = say
+) -> ScaleResult:
     result = ScaleResult({}, latency, paths)
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         for n in sizes:

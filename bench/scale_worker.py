@@ -30,8 +30,12 @@ async def serve(args: argparse.Namespace) -> None:
     await register_search_attributes(client, settings.temporal_namespace)
     with open(args.call_log, "w") as call_log:
         harness = ScaleSlurm(args.nodes, json.loads(args.latency), call_log, args.restart_delay)
-        async with build_worker(client, settings.task_queue, activities_for(settings, SlurmClient(harness), client),
-                                max_concurrent_workflow_tasks=settings.workflow_task_slots):
+        async with build_worker(
+            client,
+            settings.task_queue,
+            activities_for(settings, SlurmClient(harness), client),
+            max_concurrent_workflow_tasks=settings.workflow_task_slots,
+        ):
             Path(args.ready).touch()
             await stop.wait()
 

@@ -71,14 +71,25 @@ SQLITE_WAL = ("journal_mode=wal", "synchronous=normal")
 
 
 @contextmanager
-def temporal_dev_server(workdir: Path, sqlite_pragmas: tuple[str, ...] | None = None
-                        ) -> Iterator[tuple[subprocess.Popen, str]]:
+def temporal_dev_server(
+    workdir: Path, sqlite_pragmas: tuple[str, ...] | None = None
+) -> Iterator[tuple[subprocess.Popen, str]]:
     """A fresh Temporal dev server; yields (process, address). In memory by default; with
     sqlite_pragmas (empty: sqlite's defaults), on a new sqlite file in workdir, as the local stack
     keeps its state."""
     port = free_port()
-    argv = [str(BIN / "temporal"), "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port", str(port),
-            "--log-level", "error"]
+    argv = [
+        str(BIN / "temporal"),
+        "server",
+        "start-dev",
+        "--headless",
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "error",
+    ]
     if sqlite_pragmas is not None:
         argv += ["--db-filename", str(workdir / f"temporal-{port}.db")]
         argv += [arg for pragma in sqlite_pragmas for arg in ("--sqlite-pragma", pragma)]
@@ -95,8 +106,11 @@ def hook_server(workdir: Path, temporal_address: str, token: str) -> Iterator[tu
     (process, port)."""
     port = free_port()
     env = dict(os.environ) | {
-        "TEMPORAL_ADDRESS": temporal_address, "RECOVERY_TASK_QUEUE": "bench",
-        "RECOVERY_HOOKS_HOST": "127.0.0.1", "RECOVERY_HOOKS_PORT": str(port), "RECOVERY_HOOKS_TOKEN": token,
+        "TEMPORAL_ADDRESS": temporal_address,
+        "RECOVERY_TASK_QUEUE": "bench",
+        "RECOVERY_HOOKS_HOST": "127.0.0.1",
+        "RECOVERY_HOOKS_PORT": str(port),
+        "RECOVERY_HOOKS_TOKEN": token,
         "RECOVERY_HOOKS_CORRELATION_HOLD_SECONDS": os.environ.get("RECOVERY_HOOKS_CORRELATION_HOLD_SECONDS", "0"),
         # The storm's nodes are made up: no cluster has them, even where SLURM_CONF is exported.
         "RECOVERY_HOOKS_INVENTORY": os.environ.get("RECOVERY_HOOKS_INVENTORY", "off"),

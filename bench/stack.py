@@ -68,8 +68,14 @@ class BenchStack:
         return self.settings.model_copy(update={"spare_nodes": self.cluster.get("SLURM_SPARE_NODES", "")}).policy()
 
     def drill(self, policy: RecoveryPolicy | None = None, log: Callable[[str], None] = say) -> Drill:
-        return Drill(self.client, self.stack, self.cluster, policy or self.policy,
-                     XidPolicyTable(self.settings.xid_policy_file), say=log)
+        return Drill(
+            self.client,
+            self.stack,
+            self.cluster,
+            policy or self.policy,
+            XidPolicyTable(self.settings.xid_policy_file),
+            say=log,
+        )
 
     def slurm_env(self) -> dict[str, str]:
         return self.stack.slurm_cli_env(self.cluster)
@@ -87,8 +93,10 @@ async def bench_stack(slurmd_timeout: int | None) -> AsyncIterator[BenchStack]:
     """The stack, up; slurmd_timeout (seconds) overrides the cluster's SlurmdTimeout, None keeps it."""
     stack = bench_local_stack()
     was_running = await asyncio.to_thread(stack.status)
-    say(f"bench stack in {stack.state_dir} (Temporal 127.0.0.1:{stack.temporal_port}, Slurm ports from "
-        f"{stack.slurm_port_base}); already running: {[k for k, v in was_running.items() if v] or 'nothing'}")
+    say(
+        f"bench stack in {stack.state_dir} (Temporal 127.0.0.1:{stack.temporal_port}, Slurm ports from "
+        f"{stack.slurm_port_base}); already running: {[k for k, v in was_running.items() if v] or 'nothing'}"
+    )
     env = original_timeout = None
     if not was_running["temporal"]:
         # A fresh fleet budget for every run: one that remembers the last run's disrupted jobs

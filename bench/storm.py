@@ -45,8 +45,11 @@ from starter.hooks.testing import alertmanager_payload, dcgm_alert, gpu_health_e
 # Where the dev server keeps its state: sqlite pragmas, None in memory.
 TEMPORAL_DBS: dict[str, tuple[str, ...] | None] = {"sqlite-wal": SQLITE_WAL, "sqlite": (), "memory": None}
 
-PATHS = {"alertmanager": "/v1/alerts/alertmanager", "gpu-health": "/v1/alerts/gpu-health",
-         "kernel-log": "/v1/alerts/kernel-log"}
+PATHS = {
+    "alertmanager": "/v1/alerts/alertmanager",
+    "gpu-health": "/v1/alerts/gpu-health",
+    "kernel-log": "/v1/alerts/kernel-log",
+}
 
 
 @dataclass(frozen=True)
@@ -105,15 +108,20 @@ class RunResult:
 def node_payloads(node: str, when: datetime) -> list[tuple[str, dict]]:
     """One node's failure as every source reports it (the 10 payloads of the module docstring)."""
     bad_gpu, peers = 3, (0, 1, 2)
-    am = alertmanager_payload([dcgm_alert(node, 79, when, gpu=bad_gpu)]
-                              + [dcgm_alert(node, 74, when + timedelta(seconds=1), gpu=g) for g in peers])
+    am = alertmanager_payload(
+        [dcgm_alert(node, 79, when, gpu=bad_gpu)]
+        + [dcgm_alert(node, 74, when + timedelta(seconds=1), gpu=g) for g in peers]
+    )
     lines = [xid_line(79, pid=1000 + p, when=when) for p in range(8)]
     lines += [xid_line(74, pci=f"0000:1{g}:00", pid=2000 + g, when=when + timedelta(seconds=1)) for g in range(4)]
     lines += [xid_line(45, pid=3000 + p, when=when + timedelta(seconds=2)) for p in range(4)]
     health = [gpu_health_event(node, 79, when, gpu=bad_gpu, source=s) for s in ("dcgm-health", "node-agent")]
     health += [gpu_health_event(node, 74, when + timedelta(seconds=1), gpu=g) for g in peers]
-    return ([("alertmanager", am)] + [("kernel-log", kernel_log_post(node, lines[i:i + 4])) for i in range(0, 16, 4)]
-            + [("gpu-health", h) for h in health])
+    return (
+        [("alertmanager", am)]
+        + [("kernel-log", kernel_log_post(node, lines[i : i + 4])) for i in range(0, 16, 4)]
+        + [("gpu-health", h) for h in health]
+    )
 
 
 def build_storm(spec: StormSpec, port: int, token: str) -> list[Request]:
@@ -124,10 +132,15 @@ def build_storm(spec: StormSpec, port: int, token: str) -> list[Request]:
         when = now - timedelta(seconds=rng.uniform(5, 60))
         for source, payload in node_payloads(f"gpu-{n:04d}", when):
             body = json.dumps(payload).encode()
-            head = (f"POST {PATHS[source]} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
-                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
-            alerts = {"alertmanager": len(payload.get("alerts", [])), "kernel-log": len(payload.get("lines", [])),
-                      "gpu-health": 1}[source]
+            head = (
+                f"POST {PATHS[source]} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            alerts = {
+                "alertmanager": len(payload.get("alerts", [])),
+                "kernel-log": len(payload.get("lines", [])),
+                "gpu-health": 1,
+            }[source]
             requests += [Request(PATHS[source], alerts, head + body)] * spec.copies
     rng.shuffle(requests)
     assert len(requests) == spec.nodes * spec.requests_per_node * spec.copies
@@ -162,8 +175,9 @@ class Connection:
         await self.writer.wait_closed()
 
 
-async def drive(requests: list[Request], clients: int, port: int, deadline: float
-                ) -> tuple[dict[str, list[float]], dict, int, float]:
+async def drive(
+    requests: list[Request], clients: int, port: int, deadline: float
+) -> tuple[dict[str, list[float]], dict, int, float]:
     """Send every request from `clients` closed-loop connections.
 
     Returns the latencies by kind of request (one that opened its node's incident, one that handed
@@ -219,25 +233,33 @@ def _metric_counts(text: str, metric: str, label: str) -> dict[str, int]:
     counts = {}
     for line in text.splitlines():
         if line.startswith(metric + "{"):
-            labels, value = line[len(metric) + 1:].rsplit("} ", 1)
+            labels, value = line[len(metric) + 1 :].rsplit("} ", 1)
             counts[labels.split(f'{label}="', 1)[1].split('"', 1)[0]] = int(value)
     return counts
 
 
 async def run_once(spec: StormSpec, workdir: Path) -> RunResult:
     token = secrets.token_hex(16)
-    with temporal_dev_server(workdir, TEMPORAL_DBS[spec.temporal_db]) as (temporal, address), \
-            hook_server(workdir, address, token) as (hook, port):
+    with (
+        temporal_dev_server(workdir, TEMPORAL_DBS[spec.temporal_db]) as (temporal, address),
+        hook_server(workdir, address, token) as (hook, port),
+    ):
         requests = build_storm(spec, port, token)
+
         def cpu() -> dict[str, float]:
-            return {"hook": cpu_seconds(hook.pid), "temporal": cpu_seconds(temporal.pid),
-                    "bench": time.process_time(), "machine": machine_busy_seconds()}
+            return {
+                "hook": cpu_seconds(hook.pid),
+                "temporal": cpu_seconds(temporal.pid),
+                "bench": time.process_time(),
+                "machine": machine_busy_seconds(),
+            }
 
         cpu_before, load_before = cpu(), os.getloadavg()[0]
         # The clients run on uvloop (in a thread: the caller's loop may be asyncio's), which costs
         # the load generator a fraction of asyncio's CPU on the same two cores as the hook.
         latencies, outcomes, errors, seconds = await asyncio.to_thread(
-            uvloop.run, drive(requests, spec.clients, port, spec.deadline_seconds))
+            uvloop.run, drive(requests, spec.clients, port, spec.deadline_seconds)
+        )
         cpu_after, load_after = cpu(), os.getloadavg()[0]
         conn = await Connection.open(port)
         _, metrics = await conn.send(f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
@@ -251,16 +273,29 @@ async def run_once(spec: StormSpec, workdir: Path) -> RunResult:
         return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 2) if values else 0.0
 
     return RunResult(
-        alerts=alerts, requests=len(requests), nodes=spec.nodes, incidents=incidents, seconds=round(seconds, 3),
-        alerts_per_s=round(alerts / seconds), requests_per_s=round(len(requests) / seconds),
-        p50_ms=pct(0.50), p90_ms=pct(0.90), p99_ms=pct(0.99), max_ms=pct(1.0),
-        latency_by_kind={kind: {"requests": len(v), "p50_ms": pct(0.5, sorted(v)), "p99_ms": pct(0.99, sorted(v))}
-                         for kind, v in latencies.items()},
-        outcomes=outcomes, errors=errors,
+        alerts=alerts,
+        requests=len(requests),
+        nodes=spec.nodes,
+        incidents=incidents,
+        seconds=round(seconds, 3),
+        alerts_per_s=round(alerts / seconds),
+        requests_per_s=round(len(requests) / seconds),
+        p50_ms=pct(0.50),
+        p90_ms=pct(0.90),
+        p99_ms=pct(0.99),
+        max_ms=pct(1.0),
+        latency_by_kind={
+            kind: {"requests": len(v), "p50_ms": pct(0.5, sorted(v)), "p99_ms": pct(0.99, sorted(v))}
+            for kind, v in latencies.items()
+        },
+        outcomes=outcomes,
+        errors=errors,
         temporal_calls=_metric_counts(metrics.decode(), "recovery_hook_temporal_calls_total", "call"),
-        cpu_cores=_cores(cpu_before, cpu_after, seconds), cpu_ms_per_alert=per_alert,
+        cpu_cores=_cores(cpu_before, cpu_after, seconds),
+        cpu_ms_per_alert=per_alert,
         cpu_bound_alerts_per_s=round(os.cpu_count() * 1000 / per_alert["total"]),
-        load_average=(round(load_before, 2), round(load_after, 2)), temporal_db=spec.temporal_db,
+        load_average=(round(load_before, 2), round(load_after, 2)),
+        temporal_db=spec.temporal_db,
     )
 
 
@@ -280,16 +315,24 @@ def _cores(before: dict[str, float], after: dict[str, float], seconds: float) ->
 
 def summary(spec: StormSpec, runs: list[RunResult]) -> dict:
     """The medians over the runs, with every run and the spec."""
+
     def median(name: str) -> float:
         return statistics.median(getattr(r, name) for r in runs)
 
     return {
-        "alerts": spec.alerts, "nodes": spec.nodes, "clients": spec.clients, "copies": spec.copies,
+        "alerts": spec.alerts,
+        "nodes": spec.nodes,
+        "clients": spec.clients,
+        "copies": spec.copies,
         "incidents": int(median("incidents")),
-        "alerts_per_s": median("alerts_per_s"), "requests_per_s": median("requests_per_s"),
-        "p50_ms": median("p50_ms"), "p99_ms": median("p99_ms"), "temporal_db": spec.temporal_db,
-        "cpu_ms_per_alert": {k: statistics.median(r.cpu_ms_per_alert[k] for r in runs)
-                             for k in runs[0].cpu_ms_per_alert},
+        "alerts_per_s": median("alerts_per_s"),
+        "requests_per_s": median("requests_per_s"),
+        "p50_ms": median("p50_ms"),
+        "p99_ms": median("p99_ms"),
+        "temporal_db": spec.temporal_db,
+        "cpu_ms_per_alert": {
+            k: statistics.median(r.cpu_ms_per_alert[k] for r in runs) for k in runs[0].cpu_ms_per_alert
+        },
         "cpu_bound_alerts_per_s": median("cpu_bound_alerts_per_s"),
         "ok": all(r.incidents == spec.nodes and r.errors == 0 and r.outcomes["dropped"] == 0 for r in runs),
         "runs": [asdict(r) for r in runs],

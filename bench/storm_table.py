@@ -45,28 +45,53 @@ class StormResult:
 
     def rows(self) -> list[Row]:
         return [
-            row(f"alert storm: alerts/s through the hooks, with dedupe ({self.spec.alerts:,} alerts)",
-                self.storm["alerts_per_s"], "alerts/s", median(self.spec.alerts / b.seconds for b in self.baseline),
-                goal("value >= 5000"), digits=0),
-            row("alert storm: p99 per request", self.storm["p99_ms"], "ms",
-                median(b.p99_ms for b in self.baseline), goal("value <= 50"), digits=1),
-            row("alert storm: incidents (baseline: distinct nodes)", self.storm["incidents"], "",
-                self.spec.nodes, goal("value == baseline"), digits=0),
+            row(
+                f"alert storm: alerts/s through the hooks, with dedupe ({self.spec.alerts:,} alerts)",
+                self.storm["alerts_per_s"],
+                "alerts/s",
+                median(self.spec.alerts / b.seconds for b in self.baseline),
+                goal("value >= 5000"),
+                digits=0,
+            ),
+            row(
+                "alert storm: p99 per request",
+                self.storm["p99_ms"],
+                "ms",
+                median(b.p99_ms for b in self.baseline),
+                goal("value <= 50"),
+                digits=1,
+            ),
+            row(
+                "alert storm: incidents (baseline: distinct nodes)",
+                self.storm["incidents"],
+                "",
+                self.spec.nodes,
+                goal("value == baseline"),
+                digits=0,
+            ),
         ]
 
     def details(self) -> str:
-        lines = [f"  {len(self.storm['runs'])} run(s): {self.spec.alerts:,} alerts over {self.spec.nodes} nodes from "
-                 f"{self.spec.clients} clients, Temporal on {self.spec.temporal_db}; baseline: the storm's Temporal "
-                 "calls made straight (Temporal alone)"]
+        lines = [
+            f"  {len(self.storm['runs'])} run(s): {self.spec.alerts:,} alerts over {self.spec.nodes} nodes from "
+            f"{self.spec.clients} clients, Temporal on {self.spec.temporal_db}; baseline: the storm's Temporal "
+            "calls made straight (Temporal alone)"
+        ]
         for i, run in enumerate(self.storm["runs"]):
-            lines.append(f"  storm run {i + 1}: {run['alerts_per_s']} alerts/s, p50 {run['p50_ms']} ms, p99 "
-                         f"{run['p99_ms']} ms; Temporal calls {run['temporal_calls']}; cores {run['cpu_cores']}; "
-                         f"CPU ms per alert {run['cpu_ms_per_alert']} (cores / CPU per alert: "
-                         f"{run['cpu_bound_alerts_per_s']} alerts/s); load average {run['load_average']}")
-        lines += [f"  Temporal alone {i + 1}: {b.seconds:.2f} s, p99 {b.p99_ms:.1f} ms per call"
-                  for i, b in enumerate(self.baseline)]
-        lines.append("  (the storm's own benchmark: `python -m bench storm`; figures and analysis in "
-                     "docs/benchmarks.md, \"Alert storm\", and docs/alert-hooks.md, \"Performance\")")
+            lines.append(
+                f"  storm run {i + 1}: {run['alerts_per_s']} alerts/s, p50 {run['p50_ms']} ms, p99 "
+                f"{run['p99_ms']} ms; Temporal calls {run['temporal_calls']}; cores {run['cpu_cores']}; "
+                f"CPU ms per alert {run['cpu_ms_per_alert']} (cores / CPU per alert: "
+                f"{run['cpu_bound_alerts_per_s']} alerts/s); load average {run['load_average']}"
+            )
+        lines += [
+            f"  Temporal alone {i + 1}: {b.seconds:.2f} s, p99 {b.p99_ms:.1f} ms per call"
+            for i, b in enumerate(self.baseline)
+        ]
+        lines.append(
+            "  (the storm's own benchmark: `python -m bench storm`; figures and analysis in "
+            'docs/benchmarks.md, "Alert storm", and docs/alert-hooks.md, "Performance")'
+        )
         return "\n".join(lines)
 
 
@@ -78,8 +103,10 @@ async def run(runs: int, quick: bool) -> StormResult:
         for i in range(runs):
             storm_runs.append(await run_once(spec, Path(tmp)))
             baseline.append(await temporal_alone(storm_runs[-1].temporal_calls, spec, Path(tmp)))
-            say(f"storm run {i + 1}: {storm_runs[-1].alerts_per_s} alerts/s, p99 {storm_runs[-1].p99_ms} ms; "
-                f"Temporal alone {baseline[-1].seconds:.2f} s for {storm_runs[-1].temporal_calls}")
+            say(
+                f"storm run {i + 1}: {storm_runs[-1].alerts_per_s} alerts/s, p99 {storm_runs[-1].p99_ms} ms; "
+                f"Temporal alone {baseline[-1].seconds:.2f} s for {storm_runs[-1].temporal_calls}"
+            )
     return StormResult(spec, summary(spec, storm_runs), baseline)
 
 

@@ -86,12 +86,16 @@ class Row:
         return asdict(self)
 
 
-def row(name: str, value: float, unit: str, baseline: float | None = None, target: Goal | None = None,
-        digits: int = 3) -> Row:
+def row(
+    name: str, value: float, unit: str, baseline: float | None = None, target: Goal | None = None, digits: int = 3
+) -> Row:
     ratio = None if baseline in (None, 0) else round(value / baseline, 3)
     return Row(
-        name=name, value=round(value, digits), unit=unit,
-        baseline=None if baseline is None else round(baseline, digits), ratio=ratio,
+        name=name,
+        value=round(value, digits),
+        unit=unit,
+        baseline=None if baseline is None else round(baseline, digits),
+        ratio=ratio,
         goal=target.text(unit) if target else "",
         met=target.met(value, baseline, ratio) if target else None,
     )
@@ -109,9 +113,17 @@ def percentile(values: list[float], q: float) -> float:
 
 def render(rows: list[Row]) -> str:
     headers = ("benchmark", "value", "baseline", "ratio", "goal", "met")
-    cells = [(r.name, _with_unit(r.value, r.unit), _with_unit(r.baseline, r.unit),
-              "-" if r.ratio is None else f"{_number(r.ratio)}x", r.goal or "-",
-              {True: "yes", False: "NO", None: "-"}[r.met]) for r in rows]
+    cells = [
+        (
+            r.name,
+            _with_unit(r.value, r.unit),
+            _with_unit(r.baseline, r.unit),
+            "-" if r.ratio is None else f"{_number(r.ratio)}x",
+            r.goal or "-",
+            {True: "yes", False: "NO", None: "-"}[r.met],
+        )
+        for r in rows
+    ]
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
     right = (False, True, True, True, False, False)
 
@@ -137,15 +149,26 @@ def _with_unit(x: float | None, unit: str) -> str:
 
 def machine() -> dict:
     """The facts a figure depends on: the machine, its load, and the versions that ran."""
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     temporal = subprocess.run([str(BIN / "temporal"), "--version"], capture_output=True, text=True).stdout.strip()
     slurmctld = shutil.which("slurmctld") or shutil.which("slurmctld", path="/usr/sbin")
     slurm = subprocess.run([slurmctld, "-V"], capture_output=True, text=True).stdout.strip() if slurmctld else ""
     load = os.getloadavg()
     return {
-        "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)), "cpu": model,
-        "load_average_1m": round(load[0], 2), "load_average_5m": round(load[1], 2),
-        "python": platform.python_version(), "temporal_cli": temporal, "slurm": slurm or "not installed",
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "cpu": model,
+        "load_average_1m": round(load[0], 2),
+        "load_average_5m": round(load[1], 2),
+        "python": platform.python_version(),
+        "temporal_cli": temporal,
+        "slurm": slurm or "not installed",
         **{p: version(p) for p in ("temporalio", "starlette", "uvicorn", "pydantic")},
     }

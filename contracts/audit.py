@@ -55,7 +55,8 @@ class AuditEvent(Contract):
     parameters: dict[str, JsonValue] = Field(default_factory=dict)
     result: str
     event_id: str | None = Field(
-        None, description="set for workflow decisions: the same on a retried write, so a reader can drop the copy")
+        None, description="set for workflow decisions: the same on a retried write, so a reader can drop the copy"
+    )
 
 
 def write_event(event: AuditEvent) -> None:
@@ -76,15 +77,27 @@ def record(action: str, target: str, via: str | Invocation, ctx: ActionContext, 
     record, and its audit line. `via` is the backend call that did it, or a path such as "none"."""
     call = via if isinstance(via, Invocation) else Invocation(path=via, command="")
     entry = ActionRecord(
-        at=utc_now(), action=action, target=target, path=call.path, detail=detail,
-        actor=ctx.actor, reason=ctx.reason, command=call.command, executed=call.executed,
+        at=utc_now(),
+        action=action,
+        target=target,
+        path=call.path,
+        detail=detail,
+        actor=ctx.actor,
+        reason=ctx.reason,
+        command=call.command,
+        executed=call.executed,
     )
     job = _JOB_TARGET.match(target)
-    write_event(AuditEvent(
-        incident=ctx.incident_id, **entry.model_dump(), node=None if job else target,
-        job=int(job.group(1)) if job else None, actor_kind="policy",
-        result="done" if call.executed else "intended (dry-run)",
-    ))
+    write_event(
+        AuditEvent(
+            incident=ctx.incident_id,
+            **entry.model_dump(),
+            node=None if job else target,
+            job=int(job.group(1)) if job else None,
+            actor_kind="policy",
+            result="done" if call.executed else "intended (dry-run)",
+        )
+    )
     return entry
 
 
@@ -106,7 +119,7 @@ class AuditFile:
                     data = b"\n" + data
                 unwritten = memoryview(data)
                 while unwritten:
-                    unwritten = unwritten[os.write(fd, unwritten):]
+                    unwritten = unwritten[os.write(fd, unwritten) :]
                 os.fsync(fd)
             finally:
                 os.close(fd)

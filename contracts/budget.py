@@ -38,7 +38,6 @@ class PartitionShare(Contract):
     size: int = Field(ge=1, description="nodes in the partition")
 
 
-
 class BudgetPolicy(Contract):
     """How much of the fleet may be under remediation at once; set from configuration.
 
@@ -50,21 +49,26 @@ class BudgetPolicy(Contract):
     max_nodes: int = Field(5, ge=1, description="K: nodes under remediation at once, fleet-wide")
     partition_fraction: Fraction = Field(0.1, description="of each partition's nodes, unless overridden")
     partition_fractions: dict[PartitionName, Fraction] = Field(
-        default_factory=dict, description="per-partition overrides of partition_fraction")
+        default_factory=dict, description="per-partition overrides of partition_fraction"
+    )
     max_disrupted_jobs: int = Field(20, ge=1, description="J: running jobs disrupted per window")
     disruption_window_seconds: float = Field(3600.0, gt=0)
     lemon_incidents: int = Field(3, ge=2, description="N: incidents in the lemon window make a node a lemon")
     lemon_window_seconds: float = Field(7 * 24 * 3600.0, gt=0)
     lease_max_seconds: float = Field(
-        6 * 3600.0, gt=0, description="a lease held longer is reclaimed (a stuck incident); longer than the "
-        "longest incident: degrading grace + spare wait + verify deadline per job")
+        6 * 3600.0,
+        gt=0,
+        description="a lease held longer is reclaimed (a stuck incident); longer than the "
+        "longest incident: degrading grace + spare wait + verify deadline per job",
+    )
     holder_check_seconds: float = Field(
-        60.0, gt=0, description="how often the budget asks Temporal whether holders and waiters still run")
+        60.0, gt=0, description="how often the budget asks Temporal whether holders and waiters still run"
+    )
     timeline_limit: int = Field(1000, ge=10, description="timeline events kept (the oldest are dropped)")
-    history_limit: int = Field(
-        10_000, ge=50, description="history events after which the budget continues as new")
-    notifications: bool = Field(False, description="send a notification when a node is quarantined "
-                                "or the fence circuit breaker trips")
+    history_limit: int = Field(10_000, ge=50, description="history events after which the budget continues as new")
+    notifications: bool = Field(
+        False, description="send a notification when a node is quarantined or the fence circuit breaker trips"
+    )
     # The fence circuit breaker (docs/safety.md): nodes fenced in a sliding window, before any drain.
     # NVSentinel's breaker trips at a fraction of the cluster cordoned in a window (50 % in 5 minutes
     # by default) and stays tripped until a person resets it; its users asked for an absolute cap too.
@@ -76,7 +80,6 @@ class BudgetPolicy(Contract):
     def partition_share(self, partition: str, size: int) -> int:
         """Nodes of the partition that may be under remediation at once."""
         return _fraction_of(self.partition_fractions.get(partition, self.partition_fraction), size)
-
 
     def fence_limits(self, partitions: list[PartitionShare], fleet_nodes: int) -> dict[str | None, int]:
         """Nodes that may be fenced per breaker window, each at least 1: fleet-wide (key None: the
@@ -138,11 +141,15 @@ class LeaseRequest(Contract):
     partitions: list[PartitionShare] = Field(default_factory=list)
     running_jobs: int = Field(ge=0, description="jobs the remediation will disrupt")
     job_ids: list[int] = Field(
-        default_factory=list, max_length=1000,
-        description="those jobs' ids: a node whose jobs a held lease disrupts already disrupts nothing more")
+        default_factory=list,
+        max_length=1000,
+        description="those jobs' ids: a node whose jobs a held lease disrupts already disrupts nothing more",
+    )
     approval: OperatorDecision | None = Field(
-        None, description="an operator's approval to go over budget, or past a tripped breaker "
-        "(granted at once, recorded as theirs)")
+        None,
+        description="an operator's approval to go over budget, or past a tripped breaker "
+        "(granted at once, recorded as theirs)",
+    )
     stage: LeaseStage = LeaseStage.REMEDIATE
     fleet_nodes: int = Field(0, ge=0, description="nodes in the cluster, for the breaker (0: not known)")
 
@@ -171,8 +178,10 @@ class LeaseState(Contract):
     workflow_id: str
     run_id: str
     budget_workflow_id: str = Field(description="the budget that holds the lease: where to return it")
-    budget_epoch: str = Field(description="the budget's first run: a budget started anew (the previous one "
-                              "was terminated) counts versions from the start again")
+    budget_epoch: str = Field(
+        description="the budget's first run: a budget started anew (the previous one "
+        "was terminated) counts versions from the start again"
+    )
     status: LeaseStatus
     version: int = Field(description="grows with every change within an epoch: the newest state wins")
     requested_at: datetime
@@ -186,8 +195,10 @@ class LeaseState(Contract):
     partitions: list[str] = Field(default_factory=list)
     quarantined: bool = Field(False, description="the node is a lemon: never return it to service automatically")
     lemons: list[NodeName] | None = Field(
-        None, description="every node quarantined when the budget sent this state: spares the incident must "
-        "not claim; None from a budget that does not say (the incident then asks)")
+        None,
+        description="every node quarantined when the budget sent this state: spares the incident must "
+        "not claim; None from a budget that does not say (the incident then asks)",
+    )
 
     @property
     def granted(self) -> bool:
@@ -334,15 +345,19 @@ class BudgetState(Contract):
 
     policy: BudgetPolicy
     leases: list[Lease] = Field(default_factory=list, description="granted and waiting, in arrival order")
-    finished: list[LeaseState] = Field(default_factory=list, description="recently ended leases, "
-                                       "so that a late duplicate request is answered, not granted again")
+    finished: list[LeaseState] = Field(
+        default_factory=list,
+        description="recently ended leases, so that a late duplicate request is answered, not granted again",
+    )
     node_incidents: dict[str, list[IncidentMark]] = Field(default_factory=dict)
     quarantines: dict[str, Quarantine] = Field(default_factory=dict, description="active, by node")
     released_quarantines: dict[str, Quarantine] = Field(
-        default_factory=dict, description="the last quarantine an operator released, by node")
+        default_factory=dict, description="the last quarantine an operator released, by node"
+    )
     disruptions: list[Disruption] = Field(default_factory=list)
-    fences: list[FenceMark] = Field(default_factory=list, description="nodes fenced since the breaker's "
-                                    "window began or it was last reset")
+    fences: list[FenceMark] = Field(
+        default_factory=list, description="nodes fenced since the breaker's window began or it was last reset"
+    )
     breaker: BreakerTrip | None = Field(None, description="set while the breaker is tripped")
     timeline: list[TimelineEvent] = Field(default_factory=list)
     seq: int = 0

@@ -29,14 +29,17 @@ class KubernetesSettings(BaseSettings):
     kubeconfig: Path | None = Field(None, description="an explicit kubeconfig; wins over everything else")
     context: str | None = Field(None, description="the kubeconfig context (default: its current-context)")
     service_account_dir: Path = Field(
-        SERVICE_ACCOUNT_DIR, description="where the in-cluster token and ca.crt are mounted")
+        SERVICE_ACCOUNT_DIR, description="where the in-cluster token and ca.crt are mounted"
+    )
 
     # --- where Slurm runs ---
     namespace: str = Field("slurm", description="the namespace of the slurmd pods and the NodeSet")
     slurmd_selector: str = Field(
-        "app.kubernetes.io/name=slurmd", description="label selector of the slurmd pods (every NodeSet's)")
+        "app.kubernetes.io/name=slurmd", description="label selector of the slurmd pods (every NodeSet's)"
+    )
     node_selector: str = Field(
-        "", description="label selector of the Nodes that can hold a replacement (the GPU pool); empty: any")
+        "", description="label selector of the Nodes that can hold a replacement (the GPU pool); empty: any"
+    )
     gpu_resource: str = Field("nvidia.com/gpu", description="a healthy spare has more than 0 of it allocatable")
 
     # --- fencing ---
@@ -46,25 +49,33 @@ class KubernetesSettings(BaseSettings):
 
     # --- eviction ---
     eviction_deadline_seconds: float = Field(
-        600.0, gt=0, description="how long a PodDisruptionBudget may keep refusing (429) the eviction")
+        600.0, gt=0, description="how long a PodDisruptionBudget may keep refusing (429) the eviction"
+    )
     termination_deadline_seconds: float = Field(
-        300.0, gt=0, description="how long an evicted slurmd pod may stay Terminating")
+        300.0, gt=0, description="how long an evicted slurmd pod may stay Terminating"
+    )
     eviction_backoff_seconds: float = Field(1.0, gt=0, description="first wait after a 429; doubles up to 30 s")
     watch_seconds: int = Field(
-        5, ge=1, le=60, description="timeoutSeconds of each watch: the heartbeat cadence of long waits")
+        5, ge=1, le=60, description="timeoutSeconds of each watch: the heartbeat cadence of long waits"
+    )
     request_timeout_seconds: float = Field(
-        30.0, gt=0, description="how long one API request may go unanswered before it fails (and is retried)")
+        30.0, gt=0, description="how long one API request may go unanswered before it fails (and is retried)"
+    )
 
     # --- replacement ---
     replacement: ReplacementKind = "nodeset"
     nodeset_name: str = Field("", description="the NodeSet of the slurmd pods (nodeset provider)")
     nodeset_version: str = Field(
-        "v1alpha1", description="the served version of slinky.slurm.net (v1beta1 for slurm-operator >= 1.0)")
+        "v1alpha1", description="the served version of slinky.slurm.net (v1beta1 for slurm-operator >= 1.0)"
+    )
     nodeset_scale_up: bool = Field(
-        False, description="add one replica per incident through /scale; false: the NodeSet recreates the "
-        "evicted pod on a healthy Node (right unless its pods are pinned to their Nodes)")
+        False,
+        description="add one replica per incident through /scale; false: the NodeSet recreates the "
+        "evicted pod on a healthy Node (right unless its pods are pinned to their Nodes)",
+    )
     replace_label: str = Field(
-        "recovery.gpu/replace=true", description="key=value put on the failed Node for the node lifecycle")
+        "recovery.gpu/replace=true", description="key=value put on the failed Node for the node lifecycle"
+    )
     delete_node: bool = Field(False, description="node-lifecycle provider: also delete the failed Node object")
     http_url: str = Field("", description="base URL of the replacement API (docs/replacement-http-provider.md)")
     http_token: SecretStr | None = None

@@ -69,7 +69,8 @@ class FencePriorState(Contract):
     taint: Taint | None = Field(description="the taint with the fence's key and effect, if the Node had one")
     condition: NodeCondition | None = Field(description="the fence's condition type, if the Node had it")
     cordon_reason: str | None = Field(
-        description="Slinky's nodeset.slinky.slurm.net/node-cordon-reason annotation, if the Node had it")
+        description="Slinky's nodeset.slinky.slurm.net/node-cordon-reason annotation, if the Node had it"
+    )
 
 
 class K8sNodeRequest(Contract):
@@ -82,9 +83,11 @@ class K8sFenceResult(Contract):
     prior: FencePriorState | None = Field(description="None when the Node was left as found")
     changed: bool = Field(description="this call wrote something (false on a retry of a complete fence)")
     cordoned_by_other: bool = Field(
-        description="the Node was cordoned before this incident: left cordoned by its owner, never uncordoned by us")
+        description="the Node was cordoned before this incident: left cordoned by its owner, never uncordoned by us"
+    )
     fenced_by_other_incident: str | None = Field(
-        None, description="the Node carries another incident's fence: left exactly as found")
+        None, description="the Node carries another incident's fence: left exactly as found"
+    )
     actions: list[ActionRecord]
 
 
@@ -143,7 +146,8 @@ class K8sReplacementResult(Contract):
     accepted: bool = Field(description="the provider took the request; false: no replacement will come")
     node: KubeName | None = Field(
         description="the Node that replaces the failed one, when the provider names it (the http provider); "
-        "otherwise wait_for_k8s_node finds it")
+        "otherwise wait_for_k8s_node finds it"
+    )
     detail: str
     actions: list[ActionRecord] = Field(default_factory=list)
 
@@ -151,7 +155,8 @@ class K8sReplacementResult(Contract):
 class K8sSpareWaitRequest(Contract):
     failed_node: KubeName
     since: AwareDatetime = Field(
-        description="a slurmd pod created at or after this (to the second) is new; pass the fence's fenced_at")
+        description="a slurmd pod created at or after this (to the second) is new; pass the fence's fenced_at"
+    )
     node: KubeName | None = Field(None, description="wait for this Node only (a provider named it)")
     deadline_seconds: float = Field(gt=0)
 

@@ -96,14 +96,18 @@ class NodeFailureAlert(Contract):
     observed_at: datetime = Field(default_factory=utc_now)
     message: Annotated[str, Field(max_length=2000)] = ""
     gpu: Annotated[str, Field(pattern=r"^[A-Za-z0-9:._-]{1,64}$")] | None = Field(
-        None, description="which GPU: index, UUID or PCI bus id as the source names it; when unset, the best "
-        "of gpu_uuid, pci_address and gpu_index (application XIDs are counted per this value)")
+        None,
+        description="which GPU: index, UUID or PCI bus id as the source names it; when unset, the best "
+        "of gpu_uuid, pci_address and gpu_index (application XIDs are counted per this value)",
+    )
     gpu_index: GpuIndex | None = None
     gpu_uuid: GpuUuid | None = None
     pci_address: PciAddress | None = None
     observed_on: NodeName | None = Field(
-        None, description="where the symptom was seen, when not on `node`: a peer of the failed node "
-        "whose alert (NVLink, NCCL timeout) was correlated to this node's incident")
+        None,
+        description="where the symptom was seen, when not on `node`: a peer of the failed node "
+        "whose alert (NVLink, NCCL timeout) was correlated to this node's incident",
+    )
 
     @model_validator(mode="after")
     def _gpu_from_its_identifiers(self) -> NodeFailureAlert:
@@ -122,7 +126,8 @@ class AlertDigest(Contract):
 
     alerts: Annotated[list[NodeFailureAlert], Field(max_length=MAX_DIGEST_SAMPLE)] = Field(default_factory=list)
     omitted: dict[Annotated[str, Field(min_length=1, max_length=64)], Annotated[int, Field(ge=0)]] = Field(
-        default_factory=dict, description="per source: alerts counted, not sent", max_length=MAX_DIGEST_SAMPLE)
+        default_factory=dict, description="per source: alerts counted, not sent", max_length=MAX_DIGEST_SAMPLE
+    )
 
 
 # Destructive steps an operator may be asked to approve first: requeueing the jobs (their
@@ -144,49 +149,74 @@ class PinnedJobs(StrEnum):
 class RecoveryPolicy(Contract):
     """How an incident behaves; set by the starter from configuration, fixed for the run."""
 
-    owner: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")] = (
-        "recovery"
-    )
+    owner: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")] = "recovery"
     degrading_grace_seconds: float = Field(120.0, ge=0, le=24 * 3600)
     checkpoint_poll_seconds: float = Field(1.0, gt=0, le=60)
     spare_nodes: list[NodeName] = Field(default_factory=list)
     spare_wait_seconds: float = Field(300.0, gt=0)
     spare_for_idle_node: bool = Field(
-        False, description="claim a hot spare also when no job was on the failed node (capacity for the queue); "
-        "off: the spares stay on standby for an incident with a job to resume at full size")
+        False,
+        description="claim a hot spare also when no job was on the failed node (capacity for the queue); "
+        "off: the spares stay on standby for an incident with a job to resume at full size",
+    )
     verify_deadline_seconds: float = Field(600.0, gt=0)
     pinned_jobs: PinnedJobs = Field(
-        PinnedJobs.UNPIN, description="a job pinned to the failed node: requeued without that node in its pin "
-        "(unpin), or left as found (leave)")
-    dry_run: bool = Field(False, description="observe mode: run every decision, record each action it "
-                          "would take with its exact command, execute none")
+        PinnedJobs.UNPIN,
+        description="a job pinned to the failed node: requeued without that node in its pin "
+        "(unpin), or left as found (leave)",
+    )
+    dry_run: bool = Field(
+        False,
+        description="observe mode: run every decision, record each action it "
+        "would take with its exact command, execute none",
+    )
     application_xid_threshold: int = Field(
-        3, ge=1, description="application XIDs (13, 31, 43, ...) on one GPU within the window before the node is "
-        "drained and escalated; fewer: no node action")
+        3,
+        ge=1,
+        description="application XIDs (13, 31, 43, ...) on one GPU within the window before the node is "
+        "drained and escalated; fewer: no node action",
+    )
     application_xid_window_seconds: float = Field(24 * 3600.0, gt=0)
-    kubernetes: bool = Field(False, description="Slurm on Kubernetes: fence the Node, evict the slurmd pod "
-                             "after the drain, replace through the configured Kubernetes provider")
+    kubernetes: bool = Field(
+        False,
+        description="Slurm on Kubernetes: fence the Node, evict the slurmd pod "
+        "after the drain, replace through the configured Kubernetes provider",
+    )
     repair_poll_seconds: float = Field(
-        300.0, gt=0, description="after a recovery, how often the failed node is checked for repair")
+        300.0, gt=0, description="after a recovery, how often the failed node is checked for repair"
+    )
     repair_wait_seconds: float = Field(7 * 24 * 3600.0, gt=0, description="how long to wait for a repair")
     approval_required: list[ApprovalGate] = Field(
-        default_factory=list, description="destructive steps that wait for an operator's approve/deny")
+        default_factory=list, description="destructive steps that wait for an operator's approve/deny"
+    )
     approval_min_job_nodes: int = Field(
-        1, ge=1, description="the requeue gate asks only when a job on the node spans at least this many nodes")
+        1, ge=1, description="the requeue gate asks only when a job on the node spans at least this many nodes"
+    )
     approval_timeout_seconds: float = Field(3600.0, gt=0)
     approval_timeout_action: Literal["deny", "approve"] = Field(
-        "deny", description="what an unanswered gate does; deny is the safe default: stay drained, kill nothing")
+        "deny", description="what an unanswered gate does; deny is the safe default: stay drained, kill nothing"
+    )
     fleet_budget: bool = Field(
-        True, description="take a lease from the fleet disruption budget before the first destructive step "
-        "(workflows/fleet_budget.py); off only for a worker that runs no budget")
+        True,
+        description="take a lease from the fleet disruption budget before the first destructive step "
+        "(workflows/fleet_budget.py); off only for a worker that runs no budget",
+    )
     fence_hold_seconds: float = Field(
-        3600.0, gt=0, description="how long an incident held by a tripped fence circuit breaker waits for a reset "
-        "or an operator's answer; then it ends, nothing drained (a new alert opens a new incident)")
-    notify: bool = Field(False, description="send webhook notifications (incident opened, approval needed, "
-                         "failed, recovered); on when the worker has RECOVERY_NOTIFY_WEBHOOK_URL")
+        3600.0,
+        gt=0,
+        description="how long an incident held by a tripped fence circuit breaker waits for a reset "
+        "or an operator's answer; then it ends, nothing drained (a new alert opens a new incident)",
+    )
+    notify: bool = Field(
+        False,
+        description="send webhook notifications (incident opened, approval needed, "
+        "failed, recovered); on when the worker has RECOVERY_NOTIFY_WEBHOOK_URL",
+    )
     search_attributes: bool = Field(
-        True, description="keep the incident's search attributes (contracts/search_attributes.py) current; "
-        "off only where they cannot be registered (e.g. Temporal's time-skipping test server)")
+        True,
+        description="keep the incident's search attributes (contracts/search_attributes.py) current; "
+        "off only where they cannot be registered (e.g. Temporal's time-skipping test server)",
+    )
 
     def narrowed_by(self, requested: RecoveryPolicy) -> RecoveryPolicy:
         """This (the worker's) policy, made only safer by what a starter asked for: observe mode, more
@@ -194,8 +224,9 @@ class RecoveryPolicy(Contract):
         spare, shortens a wait or changes a job the worker would leave."""
         gates = self.approval_required + [g for g in requested.approval_required if g not in self.approval_required]
         pinned = PinnedJobs.LEAVE if PinnedJobs.LEAVE in (self.pinned_jobs, requested.pinned_jobs) else self.pinned_jobs
-        return self.model_copy(update={"dry_run": self.dry_run or requested.dry_run, "approval_required": gates,
-                                       "pinned_jobs": pinned})
+        return self.model_copy(
+            update={"dry_run": self.dry_run or requested.dry_run, "approval_required": gates, "pinned_jobs": pinned}
+        )
 
 
 class ApprovalRequest(Contract):
@@ -203,8 +234,10 @@ class ApprovalRequest(Contract):
     question: str
     asked_at: datetime
     deadline_at: datetime | None = Field(
-        None, description="when the policy's default answer applies; none at the budget gate, which waits "
-        "until the budget frees up or an operator answers")
+        None,
+        description="when the policy's default answer applies; none at the budget gate, which waits "
+        "until the budget frees up or an operator answers",
+    )
 
 
 class OperatorSignature(Contract):
@@ -447,13 +480,16 @@ class ReturnToServiceRequest(Contract):
     node: NodeName
     ctx: ActionContext = Field(description="the incident that fenced the node: only its fence is undone")
     kubernetes_node: str | None = Field(
-        None, description="Slurm on Kubernetes: the Node the incident fenced, unfenced once the node is healthy")
+        None, description="Slurm on Kubernetes: the Node the incident fenced, unfenced once the node is healthy"
+    )
     kubernetes_unfenced: bool = False
     fleet_budget: bool = Field(False, description="ask the fleet budget first: a quarantined lemon is not returned")
     lemon: bool | None = Field(
-        None, description="whether the incident's lease found the node quarantined. Only a lemon is asked about at "
+        None,
+        description="whether the incident's lease found the node quarantined. Only a lemon is asked about at "
         "every look (to hear of its release): a node becomes one only at a lease request of its own next incident, "
-        "which takes the node over from this watcher. None: not known, ask")
+        "which takes the node over from this watcher. None: not known, ask",
+    )
     poll_seconds: float = Field(gt=0)
     give_up_at: datetime
     checks: int = 0
@@ -511,7 +547,8 @@ class RequeueResult(Contract):
     )
     actions: list[ActionRecord]
     left_pinned_to: list[NodeName] = Field(
-        default_factory=list, description="the failed nodes the job is pinned to, where the policy left it")
+        default_factory=list, description="the failed nodes the job is pinned to, where the policy left it"
+    )
 
 
 class ReplacementResult(Contract):
@@ -541,8 +578,10 @@ class JobVerification(Contract):
     resumed_at: datetime | None = None
     progress_step_after: int | None = None
     verified_at: datetime | None = Field(
-        None, description="when the job was back as it should be: the poll that saw it, or, when the first look "
-        "of an attempt already found it so (its worker had died meanwhile), the job's own record of its restart")
+        None,
+        description="when the job was back as it should be: the poll that saw it, or, when the first look "
+        "of an attempt already found it so (its worker had died meanwhile), the job's own record of its restart",
+    )
 
 
 class PeerIncident(Contract):
@@ -556,7 +595,9 @@ class JobJoin(Contract):
     """An incident's part in the recovery of a job that ran on its node (workflows/job_recovery.py)."""
 
     incident_id: str
-    workflow_id: str = Field(min_length=1, description="the incident's workflow: told of the requeue and the verification")
+    workflow_id: str = Field(
+        min_length=1, description="the incident's workflow: told of the requeue and the verification"
+    )
     node: NodeName
     snapshot: JobSnapshot
     ctx: ActionContext
@@ -606,8 +647,11 @@ class DecisionRecord(Contract):
     gate: str | None = None
     actor: str
     reason: str
-    verified_by: str | None = Field(None, description="the fingerprint of the operator's key whose signature "
-                                    "the worker verified; none for the policy's own answers")
+    verified_by: str | None = Field(
+        None,
+        description="the fingerprint of the operator's key whose signature "
+        "the worker verified; none for the policy's own answers",
+    )
 
 
 class IncidentStatus(Contract):
@@ -641,7 +685,9 @@ class JobReport(Contract):
     skipped_checkpoints: list[SkippedCheckpoint] = Field(default_factory=list)
     time_to_resume_seconds: float | None = None
     failed_together: list[PeerIncident] = Field(
-        default_factory=list, description="the job's other failed nodes and their incidents: one requeue, one verification for all")
+        default_factory=list,
+        description="the job's other failed nodes and their incidents: one requeue, one verification for all",
+    )
 
 
 class IncidentReport(Contract):
@@ -663,15 +709,18 @@ class IncidentReport(Contract):
     skipped_checkpoints: list[SkippedCheckpoint] = Field(default_factory=list)
     jobs: list[JobReport] = Field(default_factory=list)
     alerts: list[NodeFailureAlert] = Field(
-        default_factory=list, description="the first and last few alerts of each source")
+        default_factory=list, description="the first and last few alerts of each source"
+    )
     alert_counts: dict[str, int] = Field(default_factory=dict, description="alerts absorbed, per source")
     actions: list[ActionRecord] = Field(default_factory=list)
     decisions: list[DecisionRecord] = Field(default_factory=list)
     return_to_service: str | None = Field(
-        None, description="the workflow id that returns the failed node to service once repaired")
+        None, description="the workflow id that returns the failed node to service once repaired"
+    )
     dry_run: bool = False
     intended_actions: list[ActionRecord] = Field(
-        default_factory=list, description="dry-run: each action the incident would have taken, not executed")
+        default_factory=list, description="dry-run: each action the incident would have taken, not executed"
+    )
 
 
 VerifyRequest.model_rebuild()

@@ -39,8 +39,11 @@ class DecisionCheck(Contract):
     kind: DecisionKind
     workflow_id: str
     run_id: str
-    subject: str = Field("", description="the gate an approve or deny answers, the node a release frees; "
-                         "empty for an abort and a breaker reset")
+    subject: str = Field(
+        "",
+        description="the gate an approve or deny answers, the node a release frees; "
+        "empty for an abort and a breaker reset",
+    )
     actor: Actor
     reason: str
     signature: OperatorSignature | None
@@ -48,14 +51,29 @@ class DecisionCheck(Contract):
     def signed_bytes(self) -> bytes:
         """The bytes the operator signs: the same for the CLI that signs and the worker that verifies."""
         assert self.signature is not None
-        return signed_bytes(self.kind, self.workflow_id, self.run_id, self.subject, self.actor, self.reason,
-                            self.signature.signed_at.isoformat())
+        return signed_bytes(
+            self.kind,
+            self.workflow_id,
+            self.run_id,
+            self.subject,
+            self.actor,
+            self.reason,
+            self.signature.signed_at.isoformat(),
+        )
 
 
-def signed_bytes(kind: str, workflow_id: str, run_id: str, subject: str, actor: str, reason: str,
-                 signed_at: str) -> bytes:
-    body = {"kind": kind, "workflow_id": workflow_id, "run_id": run_id, "subject": subject, "actor": actor,
-            "reason": reason, "signed_at": signed_at}
+def signed_bytes(
+    kind: str, workflow_id: str, run_id: str, subject: str, actor: str, reason: str, signed_at: str
+) -> bytes:
+    body = {
+        "kind": kind,
+        "workflow_id": workflow_id,
+        "run_id": run_id,
+        "subject": subject,
+        "actor": actor,
+        "reason": reason,
+        "signed_at": signed_at,
+    }
     return SIGNED_PREFIX + json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -64,8 +82,9 @@ class DecisionSigner(Protocol):
 
     actor: str
 
-    def sign(self, kind: DecisionKind, workflow_id: str, run_id: str, subject: str,
-             reason: str) -> OperatorSignature: ...
+    def sign(
+        self, kind: DecisionKind, workflow_id: str, run_id: str, subject: str, reason: str
+    ) -> OperatorSignature: ...
 
 
 class DecisionVerdict(Contract):

@@ -21,5 +21,5 @@ def fingerprint(secret: str) -> str:
 def fingerprinted_url(url: str) -> str:
     """scheme://host:port and the fingerprint: nothing of the user info, path or query."""
     parts = urlsplit(url)
-    port = parts.port or DEFAULT_PORTS.get(parts.scheme, "")
+    port = parts.port or DEFAULT_PORTS.get(parts.scheme) or ""
     return f"{parts.scheme}://{parts.hostname or ''}:{port} ({fingerprint(url)})"

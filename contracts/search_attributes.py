@@ -21,3 +21,9 @@ PEER_NODES = SearchAttributeKey.for_keyword_list("RecoveryPeerNodes")
 GPU = SearchAttributeKey.for_keyword("RecoveryGpu")
 
 ALL = (NODE, XID, PHASE, OUTCOME, JOB_IDS, PEER_NODES, GPU)
+
+
+def outcome_label(outcome: str) -> str:
+    """The outcome's kind, short enough to filter on ("recovered", "failed in drain", ...): the
+    value of OUTCOME, and the outcome attribute of the incident metrics."""
+    return outcome.split(":", 1)[0]

@@ -12,16 +12,28 @@ import json
 import os
 import shlex
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from dotenv import dotenv_values
 from pydantic import (
-    AliasChoices, BaseModel, Field, JsonValue, SecretStr, ValidationError, ValidationInfo, field_validator,
+    AliasChoices,
+    BaseModel,
+    Field,
+    JsonValue,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 from pydantic_settings import (
-    BaseSettings, DotEnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError,
+    BaseSettings,
+    DotEnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
 )
 
 from contracts.budget import BudgetPolicy, WebhookTarget, partition_fractions_from
@@ -67,32 +79,39 @@ class Settings(BaseSettings):
         "default", validation_alias=AliasChoices("TEMPORAL_NAMESPACE", "RECOVERY_TEMPORAL_NAMESPACE")
     )
     # How the connection to Temporal is secured (worker.temporal_tls builds the SDK's TLSConfig).
-    temporal_tls: bool | None = Field(None, description=(
-        "TLS to Temporal: unset means on when a TLS file, a server name or an API key is set; "
-        "true alone trusts the system roots (Temporal Cloud)"))
+    temporal_tls: bool | None = Field(
+        None,
+        description=(
+            "TLS to Temporal: unset means on when a TLS file, a server name or an API key is set; "
+            "true alone trusts the system roots (Temporal Cloud)"
+        ),
+    )
     temporal_tls_ca: Path | None = Field(None, description="PEM file of the CA the server's certificate must chain to")
     temporal_tls_cert: Path | None = Field(None, description="PEM client certificate for mTLS (with the key)")
     temporal_tls_key: Path | None = Field(
-        None, validate_default=True, description="PEM private key of the client certificate (with the cert)")
+        None, validate_default=True, description="PEM private key of the client certificate (with the cert)"
+    )
     temporal_tls_server_name: str | None = Field(
-        None, description="the name the server's certificate is verified against (and the SNI), if not the host")
+        None, description="the name the server's certificate is verified against (and the SNI), if not the host"
+    )
     temporal_api_key: SecretStr | None = Field(
-        None, description="sent as 'authorization: Bearer <key>'; turns TLS on unless RECOVERY_TEMPORAL_TLS=false")
+        None, description="sent as 'authorization: Bearer <key>'; turns TLS on unless RECOVERY_TEMPORAL_TLS=false"
+    )
     task_queue: str = "training-recovery"
 
     slurm_conf: str | None = Field(None, validation_alias=AliasChoices("SLURM_CONF", "RECOVERY_SLURM_CONF"))
     slurm_bin_dir: str = Field("", validation_alias=AliasChoices("RECOVERY_SLURM_BIN_DIR", "SLURM_BIN_DIR"))
-    slurmrestd_url: str | None = Field(
-        None, validation_alias=AliasChoices("SLURMRESTD_URL", "RECOVERY_SLURMRESTD_URL")
-    )
+    slurmrestd_url: str | None = Field(None, validation_alias=AliasChoices("SLURMRESTD_URL", "RECOVERY_SLURMRESTD_URL"))
     slurmrestd_user: str = Field("root", validation_alias=AliasChoices("SLURMRESTD_USER", "RECOVERY_SLURMRESTD_USER"))
     slurmrestd_token: SecretStr | None = Field(
         None, validation_alias=AliasChoices("SLURMRESTD_TOKEN", "RECOVERY_SLURMRESTD_TOKEN")
     )
     slurmrestd_token_file: Path | None = Field(
-        None, validation_alias=AliasChoices("SLURMRESTD_TOKEN_FILE", "RECOVERY_SLURMRESTD_TOKEN_FILE"),
+        None,
+        validation_alias=AliasChoices("SLURMRESTD_TOKEN_FILE", "RECOVERY_SLURMRESTD_TOKEN_FILE"),
         description="a file holding the slurmrestd JWT (instead of SLURMRESTD_TOKEN), read again whenever it "
-        "changes, so that a renewer can replace a short-lived token without a restart")
+        "changes, so that a renewer can replace a short-lived token without a restart",
+    )
 
     xid_policy_file: Path = DEFAULT_XID_POLICY
     owner: str = "recovery"
@@ -118,7 +137,8 @@ class Settings(BaseSettings):
     repair_wait_seconds: float = 7 * 24 * 3600.0
     k8s_enabled: bool = Field(False, description="Slurm on Kubernetes (RECOVERY_K8S_* configure that side)")
     prometheus_address: str = Field(
-        "", description="host:port where the worker serves the Temporal SDK's metrics for Prometheus; empty: off")
+        "", description="host:port where the worker serves the Temporal SDK's metrics for Prometheus; empty: off"
+    )
     # Workflow tasks the worker takes at once; the rest wait their turn at the server. A task that
     # fences a node holds its slot while its local activities run, so the worker must not take more
     # than it can finish within Temporal's 10 s task timeout. On 2 cores with 1,000 incidents at
@@ -129,13 +149,17 @@ class Settings(BaseSettings):
     # Fleet safety (docs/safety.md): the disruption budget, lemon nodes, notifications, the audit log.
     fleet_budget: bool = Field(True, description="incidents take a lease from the fleet disruption budget")
     budget_max_nodes: int = Field(5, ge=1, description="K: nodes under remediation at once, fleet-wide")
-    budget_partition_fraction: float = Field(0.1, gt=0, le=1, description="of each partition's nodes at once (at least 1)")
+    budget_partition_fraction: float = Field(
+        0.1, gt=0, le=1, description="of each partition's nodes at once (at least 1)"
+    )
     budget_partition_fractions: str = Field("", description="per-partition overrides: gpu=0.2,debug=0.5")
     budget_max_disrupted_jobs: int = Field(20, ge=1, description="J: running jobs disrupted per window")
     budget_disruption_window_seconds: float = Field(3600.0, gt=0)
     lemon_incidents: int = Field(3, ge=2, description="N incidents on a node within the window make it a lemon")
     lemon_window_seconds: float = Field(7 * 24 * 3600.0, gt=0)
-    lease_max_seconds: float = Field(6 * 3600.0, gt=0, description="a lease held longer is reclaimed (a stuck incident)")
+    lease_max_seconds: float = Field(
+        6 * 3600.0, gt=0, description="a lease held longer is reclaimed (a stuck incident)"
+    )
     lease_holder_check_seconds: float = Field(60.0, gt=0)
     # The fence circuit breaker (docs/safety.md), before any drain; held incidents wait fence_hold_seconds.
     breaker_max_fences: int = Field(10, ge=1, description="nodes fenced per breaker window, fleet-wide")
@@ -149,22 +173,29 @@ class Settings(BaseSettings):
     notify_timeout_seconds: float = Field(10.0, gt=0)
     audit_log: Path | None = Field(None, description="append every action and decision as a JSON line here")
     accept_starter_policy: bool = Field(
-        False, description="drills only: an incident runs on the policy its starter sent; off, on the worker's "
-        "own, which a starter can only make safer (dry-run, more approval gates)")
+        False,
+        description="drills only: an incident runs on the policy its starter sent; off, on the worker's "
+        "own, which a starter can only make safer (dry-run, more approval gates)",
+    )
     # Verified operators (contracts/operators.py): the worker's list of operators' public keys, and
     # the CLI's own signing key.
     operator_keys_file: Path | None = Field(
-        None, description="the operators whose signed decisions the worker accepts, one `NAME ssh-ed25519 KEY` "
-        "per line; unset: every operator decision is refused")
+        None,
+        description="the operators whose signed decisions the worker accepts, one `NAME ssh-ed25519 KEY` "
+        "per line; unset: every operator decision is refused",
+    )
     operator_key_file: Path | None = Field(
-        None, description="the CLI's operator key (OpenSSH Ed25519, no passphrase) that signs its decisions")
-    operator: str = Field("", description="the CLI's operator name, as the worker's list has it; empty: the "
-                          "login name")
+        None, description="the CLI's operator key (OpenSSH Ed25519, no passphrase) that signs its decisions"
+    )
+    operator: str = Field("", description="the CLI's operator name, as the worker's list has it; empty: the login name")
 
     @classmethod
     def settings_customise_sources(
-        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Arguments first, then the environment, then the file.
@@ -180,11 +211,12 @@ class Settings(BaseSettings):
             try:
                 return json.loads(value)
             except json.JSONDecodeError:
-                raise ValueError(f"{value!r} is not a JSON list: write e.g. '[\"requeue\",\"replacement\"]'") from None
+                raise ValueError(f'{value!r} is not a JSON list: write e.g. \'["requeue","replacement"]\'') from None
         return value
 
     _secrets_not_blank = field_validator(
-        "temporal_api_key", "slurmrestd_token", "notify_bearer_token", "notify_hmac_secret")(secret_not_blank)
+        "temporal_api_key", "slurmrestd_token", "notify_bearer_token", "notify_hmac_secret"
+    )(secret_not_blank)
 
     @field_validator("slurmrestd_token_file")
     @classmethod
@@ -242,17 +274,21 @@ class Settings(BaseSettings):
         if "temporal_tls_cert" not in info.data:
             return key  # the cert itself was refused: that error says why
         if (info.data["temporal_tls_cert"] is None) != (key is None):
-            raise ValueError("RECOVERY_TEMPORAL_TLS_CERT and RECOVERY_TEMPORAL_TLS_KEY go together (mTLS): "
-                             "set both or neither")
+            raise ValueError(
+                "RECOVERY_TEMPORAL_TLS_CERT and RECOVERY_TEMPORAL_TLS_KEY go together (mTLS): set both or neither"
+            )
         return key
 
     @model_validator(mode="after")
     def _tls_files_need_tls(self) -> Settings:
-        given = [name for name in ("temporal_tls_ca", "temporal_tls_cert", "temporal_tls_server_name")
-                 if getattr(self, name)]
+        given = [
+            name for name in ("temporal_tls_ca", "temporal_tls_cert", "temporal_tls_server_name") if getattr(self, name)
+        ]
         if self.temporal_tls is False and given:
-            raise ValueError(f"RECOVERY_TEMPORAL_TLS is false, yet {', '.join(f'RECOVERY_{n.upper()}' for n in given)} "
-                             "configure TLS: remove one or the other")
+            raise ValueError(
+                f"RECOVERY_TEMPORAL_TLS is false, yet {', '.join(f'RECOVERY_{n.upper()}' for n in given)} "
+                "configure TLS: remove one or the other"
+            )
         return self
 
     @field_validator("xid_policy_file")
@@ -287,13 +323,17 @@ class Settings(BaseSettings):
 
     def budget_policy(self) -> BudgetPolicy:
         return BudgetPolicy(
-            max_nodes=self.budget_max_nodes, partition_fraction=self.budget_partition_fraction,
+            max_nodes=self.budget_max_nodes,
+            partition_fraction=self.budget_partition_fraction,
             partition_fractions=partition_fractions_from(self.budget_partition_fractions),
             max_disrupted_jobs=self.budget_max_disrupted_jobs,
             disruption_window_seconds=self.budget_disruption_window_seconds,
-            lemon_incidents=self.lemon_incidents, lemon_window_seconds=self.lemon_window_seconds,
-            lease_max_seconds=self.lease_max_seconds, holder_check_seconds=self.lease_holder_check_seconds,
-            breaker_max_fences=self.breaker_max_fences, breaker_fleet_fraction=self.breaker_fleet_fraction,
+            lemon_incidents=self.lemon_incidents,
+            lemon_window_seconds=self.lemon_window_seconds,
+            lease_max_seconds=self.lease_max_seconds,
+            holder_check_seconds=self.lease_holder_check_seconds,
+            breaker_max_fences=self.breaker_max_fences,
+            breaker_fleet_fraction=self.breaker_fleet_fraction,
             breaker_partition_fraction=self.breaker_partition_fraction,
             breaker_window_seconds=self.breaker_window_seconds,
             notifications=bool(self.notify_webhook_url),
@@ -302,18 +342,27 @@ class Settings(BaseSettings):
     def webhook_target(self) -> WebhookTarget | None:
         if not self.notify_webhook_url:
             return None
-        return WebhookTarget(url=self.notify_webhook_url, bearer_token=self.notify_bearer_token,
-                             hmac_secret=self.notify_hmac_secret, timeout_seconds=self.notify_timeout_seconds)
+        return WebhookTarget(
+            url=self.notify_webhook_url,
+            bearer_token=self.notify_bearer_token,
+            hmac_secret=self.notify_hmac_secret,
+            timeout_seconds=self.notify_timeout_seconds,
+        )
 
     def health_check_argv(self) -> list[str]:
         return shlex.split(self.health_check)
 
     def policy(self) -> RecoveryPolicy:
         """The incident policy: every RecoveryPolicy field of the same name, validated there."""
-        same_name = {name: getattr(self, name) for name in RecoveryPolicy.model_fields
-                     if name in type(self).model_fields and name != "spare_nodes"}
+        same_name = {
+            name: getattr(self, name)
+            for name in RecoveryPolicy.model_fields
+            if name in type(self).model_fields and name != "spare_nodes"
+        }
         return RecoveryPolicy(
-            **same_name, kubernetes=self.k8s_enabled, notify=bool(self.notify_webhook_url),
+            **same_name,
+            kubernetes=self.k8s_enabled,
+            notify=bool(self.notify_webhook_url),
             spare_nodes=[n.strip() for n in self.spare_nodes.split(",") if n.strip()],
         )
 
@@ -337,7 +386,8 @@ class TelemetrySettings(BaseSettings):
     exporter_otlp_traces_endpoint: str | None = None
     exporter_otlp_metrics_endpoint: str | None = None
     exporter_otlp_protocol: Literal["http/protobuf"] = Field(
-        "http/protobuf", description="the OTLP exporter installed is http/protobuf; grpc is not")
+        "http/protobuf", description="the OTLP exporter installed is http/protobuf; grpc is not"
+    )
     exporter_otlp_headers: SecretStr | None = Field(None, description="often an API key: masked when printed")
     metric_export_interval: int = Field(60000, gt=0, description="milliseconds between metric exports")
 
@@ -363,7 +413,7 @@ class TelemetrySettings(BaseSettings):
 SettingsModel = TypeVar("SettingsModel", bound=BaseSettings)
 
 
-def load_settings(**overrides) -> Settings:
+def load_settings(**overrides: Any) -> Settings:
     """Settings() with errors that name the variable to fix."""
     return loaded(Settings, **overrides)
 
@@ -372,7 +422,7 @@ def load_telemetry_settings() -> TelemetrySettings:
     return loaded(TelemetrySettings)
 
 
-def loaded(model: type[SettingsModel], **overrides) -> SettingsModel:
+def loaded(model: type[SettingsModel], **overrides: Any) -> SettingsModel:
     """model(**overrides) read from its sources; a bad value raises ConfigError naming its variable."""
     try:
         return model(**overrides)
@@ -435,7 +485,8 @@ def _shown(value: object) -> JsonValue:
         return _without_password(value)
     if isinstance(value, Path):
         return str(value)
-    return value
+    # Every other setting is a str (or a str enum), a number, a bool, None or a list of str.
+    return cast(JsonValue, value)
 
 
 def _without_password(url: str) -> str:

@@ -37,13 +37,36 @@ def _certificate() -> tuple[bytes, bytes]:
     made once per process; each server writes them into a directory of its own."""
     openssl = shutil.which("openssl")
     if openssl is None:
-        raise RuntimeError("the Kubernetes test server needs the openssl command for its TLS certificate "
-                           "(Debian: apt-get install openssl)")
+        raise RuntimeError(
+            "the Kubernetes test server needs the openssl command for its TLS certificate "
+            "(Debian: apt-get install openssl)"
+        )
     with tempfile.TemporaryDirectory(prefix="kubeapi-tls-") as directory:
         cert, key = os.path.join(directory, "ca.crt"), os.path.join(directory, "tls.key")
-        subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                        "-keyout", key, "-out", cert, "-days", "30", "-subj", "/CN=kubeapi-test",
-                        "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                openssl,
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                key,
+                "-out",
+                cert,
+                "-days",
+                "30",
+                "-subj",
+                "/CN=kubeapi-test",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            ],
+            check=True,
+            capture_output=True,
+        )
         return Path(cert).read_bytes(), Path(key).read_bytes()
 
 
@@ -78,12 +101,28 @@ class Faults:
         self._rules: list[Fault] = []
         self._lock = threading.Lock()
 
-    def inject(self, method: str, target_regex: str, *, status: int | None = None, reason: str = "",
-               delay: float = 0.0, drop: bool = False, times: int | None = 1) -> Fault:
+    def inject(
+        self,
+        method: str,
+        target_regex: str,
+        *,
+        status: int | None = None,
+        reason: str = "",
+        delay: float = 0.0,
+        drop: bool = False,
+        times: int | None = 1,
+    ) -> Fault:
         if sum((status is not None, delay > 0, drop)) != 1:
             raise ValueError("a fault is one of status, delay or drop")
-        fault = Fault(method.upper(), re.compile(target_regex), status,
-                      reason or (HTTPStatus(status).phrase.replace(" ", "") if status else ""), delay, drop, times)
+        fault = Fault(
+            method.upper(),
+            re.compile(target_regex),
+            status,
+            reason or (HTTPStatus(status).phrase.replace(" ", "") if status else ""),
+            delay,
+            drop,
+            times,
+        )
         with self._lock:
             self._rules.append(fault)
         return fault
@@ -96,8 +135,11 @@ class Faults:
         """The fault this request meets (counted as hit), or None."""
         with self._lock:
             for fault in self._rules:
-                if (method == fault.method and (fault.times is None or fault.hits < fault.times)
-                        and fault.target.search(target)):
+                if (
+                    method == fault.method
+                    and (fault.times is None or fault.hits < fault.times)
+                    and fault.target.search(target)
+                ):
                     fault.hits += 1
                     return fault
         return None
@@ -118,6 +160,7 @@ def _replaying(body: bytes, receive: Receive) -> Receive:
 
     async def replay() -> dict:
         return pending.pop() if pending else await receive()
+
     return replay
 
 
@@ -136,8 +179,6 @@ class _Uvicorn(uvicorn.Server):
         # No graceful drain either: idle keep-alive TLS connections would hold it up for seconds.
         self.should_exit = self.force_exit = True
         self._loop.call_soon_threadsafe(self._wake.set)
-
-
 
 
 class ApiFront:
@@ -179,11 +220,19 @@ class ApiFront:
             Path(key_file).write_bytes(key)
             tls = {"ssl_certfile": self.ca_file, "ssl_keyfile": key_file}
         self._app = Starlette(routes=[Route("/{path:path}", self._handle, methods=["GET", *WRITE_VERBS])])
-        config = uvicorn.Config(self._with_faults, interface="asgi3", log_level="warning", access_log=False,
-                                lifespan="off", ws="none", **tls)
+        config = uvicorn.Config(
+            self._with_faults,
+            interface="asgi3",
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            ws="none",
+            **tls,
+        )
         self._server = _Uvicorn(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name=f"kubeapi-{port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name=f"kubeapi-{port}", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:
@@ -217,7 +266,9 @@ class ApiFront:
         if self.tls:
             cluster["certificate-authority"] = self.ca_file
         config = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "kubeapi-test",
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "kubeapi-test",
             "clusters": [{"name": "kubeapi-test", "cluster": cluster}],
             "users": [{"name": "kubeapi-test", "user": {"token": self.token} if self.token else {}}],
             "contexts": [{"name": "kubeapi-test", "context": {"cluster": "kubeapi-test", "user": "kubeapi-test"}}],

@@ -51,8 +51,12 @@ def _upstream_client(kubeconfig: str) -> httpx.AsyncClient:
     for auth in configuration.auth_settings().values():  # the token, as the official client sends it
         headers[auth["key"]] = auth["value"]
     # No read time-out: a watch ends when its timeoutSeconds says; the client's own time-outs apply.
-    return httpx.AsyncClient(base_url=configuration.host.rstrip("/"), verify=verify, headers=headers,
-                             timeout=httpx.Timeout(None, connect=10.0))
+    return httpx.AsyncClient(
+        base_url=configuration.host.rstrip("/"),
+        verify=verify,
+        headers=headers,
+        timeout=httpx.Timeout(None, connect=10.0),
+    )
 
 
 class KubeApiProxy(ApiFront):
@@ -82,8 +86,12 @@ class KubeApiProxy(ApiFront):
 
     def _expired(self, request: Request) -> bool:
         version = request.query_params.get("resourceVersion")
-        return (request.query_params.get("watch") in WATCHING and version not in (None, "", "0")
-                and self._since_compaction is not None and version not in self._since_compaction)
+        return (
+            request.query_params.get("watch") in WATCHING
+            and version not in (None, "", "0")
+            and self._since_compaction is not None
+            and version not in self._since_compaction
+        )
 
     async def _serve(self, request: Request) -> Response:
         if self._upstream is None:
@@ -91,11 +99,13 @@ class KubeApiProxy(ApiFront):
             self._upstream = _upstream_client(self._upstream_kubeconfig)
         if self._expired(request):
             error = ApiError(410, "Expired", f"too old resource version: {request.query_params['resourceVersion']}")
-            return Response(json.dumps({"type": "ERROR", "object": error.status()}) + "\n",
-                            media_type="application/json")
+            return Response(
+                json.dumps({"type": "ERROR", "object": error.status()}) + "\n", media_type="application/json"
+            )
         headers = {k: v for k, v in request.headers.items() if k in REQUEST_HEADERS}
-        outgoing = self._upstream.build_request(request.method, request.url.path, params=request.url.query,
-                                                headers=headers, content=await request.body())
+        outgoing = self._upstream.build_request(
+            request.method, request.url.path, params=request.url.query, headers=headers, content=await request.body()
+        )
         watching = request.query_params.get("watch") in WATCHING
         try:
             answer = await self._upstream.send(outgoing, stream=watching)

@@ -60,39 +60,111 @@ class ResourceType:
     def discovery(self) -> list[dict]:
         """This type's entries in its group-version's APIResourceList."""
         verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
-        entries = [{"name": self.plural, "singularName": self.kind.lower(), "namespaced": self.namespaced,
-                    "kind": self.kind, "verbs": verbs}]
+        entries = [
+            {
+                "name": self.plural,
+                "singularName": self.kind.lower(),
+                "namespaced": self.namespaced,
+                "kind": self.kind,
+                "verbs": verbs,
+            }
+        ]
         if self.status:
-            entries.append({"name": f"{self.plural}/status", "singularName": "", "namespaced": self.namespaced,
-                            "kind": self.kind, "verbs": ["get", "patch", "update"]})
+            entries.append(
+                {
+                    "name": f"{self.plural}/status",
+                    "singularName": "",
+                    "namespaced": self.namespaced,
+                    "kind": self.kind,
+                    "verbs": ["get", "patch", "update"],
+                }
+            )
         if self.scale:
-            entries.append({"name": f"{self.plural}/scale", "singularName": "", "namespaced": self.namespaced,
-                            "group": "autoscaling", "version": "v1", "kind": "Scale", "verbs": ["get", "patch", "update"]})
+            entries.append(
+                {
+                    "name": f"{self.plural}/scale",
+                    "singularName": "",
+                    "namespaced": self.namespaced,
+                    "group": "autoscaling",
+                    "version": "v1",
+                    "kind": "Scale",
+                    "verbs": ["get", "patch", "update"],
+                }
+            )
         if self.plural == "pods" and not self.group:
-            entries.append({"name": "pods/eviction", "singularName": "", "namespaced": True,
-                            "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]})
+            entries.append(
+                {
+                    "name": "pods/eviction",
+                    "singularName": "",
+                    "namespaced": True,
+                    "group": "policy",
+                    "version": "v1",
+                    "kind": "Eviction",
+                    "verbs": ["create"],
+                }
+            )
         return entries
 
 
 BUILTIN_TYPES = [
-    ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, status=True, initial_status={"phase": "Active"},
-                 merge_keys=_CONDITIONS_KEYS, always=("spec", "status")),
-    ResourceType("", "v1", "nodes", "Node", namespaced=False, status=True, merge_keys=_NODE_KEYS,
-                 always=("spec", "status")),
-    ResourceType("", "v1", "pods", "Pod", namespaced=True, status=True, generation=True,
-                 initial_status={"phase": "Pending"}, merge_keys=_POD_KEYS, always=("spec", "status")),
+    ResourceType(
+        "",
+        "v1",
+        "namespaces",
+        "Namespace",
+        namespaced=False,
+        status=True,
+        initial_status={"phase": "Active"},
+        merge_keys=_CONDITIONS_KEYS,
+        always=("spec", "status"),
+    ),
+    ResourceType(
+        "", "v1", "nodes", "Node", namespaced=False, status=True, merge_keys=_NODE_KEYS, always=("spec", "status")
+    ),
+    ResourceType(
+        "",
+        "v1",
+        "pods",
+        "Pod",
+        namespaced=True,
+        status=True,
+        generation=True,
+        initial_status={"phase": "Pending"},
+        merge_keys=_POD_KEYS,
+        always=("spec", "status"),
+    ),
     ResourceType("", "v1", "events", "Event", namespaced=True),
     ResourceType("", "v1", "configmaps", "ConfigMap", namespaced=True),
     ResourceType("", "v1", "secrets", "Secret", namespaced=True),
-    ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True, status=True,
-                 generation=True, merge_keys=_CONDITIONS_KEYS, always=("spec", "status"), initial_status={
-                     "disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 0}),
+    ResourceType(
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        namespaced=True,
+        status=True,
+        generation=True,
+        merge_keys=_CONDITIONS_KEYS,
+        always=("spec", "status"),
+        initial_status={"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 0},
+    ),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True, always=("spec",)),
 ]
 
 
-def custom_type(group: str, version: str, plural: str, kind: str, *, namespaced: bool,
-                scale: tuple[str, str] | None) -> ResourceType:
+def custom_type(
+    group: str, version: str, plural: str, kind: str, *, namespaced: bool, scale: tuple[str, str] | None
+) -> ResourceType:
     """A CRD's type as the apiserver serves it with `subresources: {status: {}, scale: {...}}`."""
-    return ResourceType(group, version, plural, kind, namespaced=namespaced, status=True, generation=True,
-                        initial_status={}, scale=scale, custom=True)
+    return ResourceType(
+        group,
+        version,
+        plural,
+        kind,
+        namespaced=namespaced,
+        status=True,
+        generation=True,
+        initial_status={},
+        scale=scale,
+        custom=True,
+    )

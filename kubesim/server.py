@@ -38,8 +38,17 @@ from .resources import ResourceType, custom_type
 from .selectors import SelectorError, fields_match, labels_match, parse_fields, parse_labels
 from .store import ApiError, Event, Matcher, Store, apply_patch, bad_request, status_body, watch_view
 
-VERSION = {"major": "1", "minor": "34", "gitVersion": "v1.34.0+kubeapi-test", "gitCommit": "", "gitTreeState": "clean",
-           "buildDate": "2026-01-01T00:00:00Z", "goVersion": "", "compiler": "", "platform": "linux/amd64"}
+VERSION = {
+    "major": "1",
+    "minor": "34",
+    "gitVersion": "v1.34.0+kubeapi-test",
+    "gitCommit": "",
+    "gitTreeState": "clean",
+    "buildDate": "2026-01-01T00:00:00Z",
+    "goVersion": "",
+    "compiler": "",
+    "platform": "linux/amd64",
+}
 # A real apiserver ends a watch after a random 30-60 min when the client names no timeout.
 DEFAULT_WATCH_SECONDS = 1800
 
@@ -70,8 +79,16 @@ class KubeApiServer(ApiFront):
 
     # -- test hooks ------------------------------------------------------------------------------
 
-    def register_crd(self, group: str, version: str, plural: str, kind: str, *, namespaced: bool = True,
-                     scale: tuple[str, str] | None = (".spec.replicas", ".status.replicas")) -> None:
+    def register_crd(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        kind: str,
+        *,
+        namespaced: bool = True,
+        scale: tuple[str, str] | None = (".spec.replicas", ".status.replicas"),
+    ) -> None:
         self.store.register(custom_type(group, version, plural, kind, namespaced=namespaced, scale=scale))
 
     def compact(self) -> None:
@@ -92,19 +109,32 @@ class KubeApiServer(ApiFront):
         store = self.store
         if name is None:
             if method == "GET":
-                return self._watch(rt, namespace, query) if query.get("watch") in ("true", "True", "1") \
+                return (
+                    self._watch(rt, namespace, query)
+                    if query.get("watch") in ("true", "True", "1")
                     else self._list(rt, namespace, query)
+                )
             if method == "POST" and (namespace or not rt.namespaced):
                 return JSONResponse(store.create(rt, namespace, await _json_body(request), dry_run=dry_run), 201)
         elif sub is None or (sub == "status" and rt.status):
             if method == "GET":
                 return JSONResponse(store.get(rt, namespace, name))
             if method == "PUT":
-                return JSONResponse(store.replace(rt, namespace, name, await _json_body(request), subresource=sub,
-                                                  dry_run=dry_run))
+                return JSONResponse(
+                    store.replace(rt, namespace, name, await _json_body(request), subresource=sub, dry_run=dry_run)
+                )
             if method == "PATCH":
-                return JSONResponse(store.patch(rt, namespace, name, self._content_type(request),
-                                                await _json_body(request), subresource=sub, dry_run=dry_run))
+                return JSONResponse(
+                    store.patch(
+                        rt,
+                        namespace,
+                        name,
+                        self._content_type(request),
+                        await _json_body(request),
+                        subresource=sub,
+                        dry_run=dry_run,
+                    )
+                )
             if method == "DELETE" and sub is None:
                 return await self._delete(request, rt, namespace, name, dry_run)
         elif sub == "scale" and rt.scale:
@@ -115,8 +145,15 @@ class KubeApiServer(ApiFront):
                 return JSONResponse(store.write_scale(rt, namespace, name, lambda _: body, dry_run=dry_run))
             if method == "PATCH":
                 content_type = self._content_type(request)
-                return JSONResponse(store.write_scale(
-                    rt, namespace, name, lambda scale: apply_patch(rt, name, content_type, scale, body), dry_run=dry_run))
+                return JSONResponse(
+                    store.write_scale(
+                        rt,
+                        namespace,
+                        name,
+                        lambda scale: apply_patch(rt, name, content_type, scale, body),
+                        dry_run=dry_run,
+                    )
+                )
         elif sub == "eviction" and (rt.group, rt.plural) == ("", "pods"):
             if method == "POST":
                 return await self._evict(request, namespace, name, dry_run)
@@ -151,8 +188,11 @@ class KubeApiServer(ApiFront):
         if parts == ["version"]:
             return VERSION
         if parts == ["api"]:
-            return {"kind": "APIVersions", "versions": ["v1"],
-                    "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": self.url.split("//")[1]}]}
+            return {
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": self.url.split("//")[1]}],
+            }
         groups: dict[str, dict] = {}
         for rt in types:
             if rt.group:
@@ -166,10 +206,16 @@ class KubeApiServer(ApiFront):
             return {"kind": "APIGroup", "apiVersion": "v1", **groups[parts[1]]}
         if parts == ["api", "v1"] or (len(parts) == 3 and parts[0] == "apis"):
             group, version = ("", "v1") if parts[0] == "api" else (parts[1], parts[2])
-            resources = [entry for rt in types if (rt.group, rt.version) == (group, version) for entry in rt.discovery()]
+            resources = [
+                entry for rt in types if (rt.group, rt.version) == (group, version) for entry in rt.discovery()
+            ]
             if resources:
-                return {"kind": "APIResourceList", "apiVersion": "v1",
-                        "groupVersion": f"{group}/{version}" if group else version, "resources": resources}
+                return {
+                    "kind": "APIResourceList",
+                    "apiVersion": "v1",
+                    "groupVersion": f"{group}/{version}" if group else version,
+                    "resources": resources,
+                }
         return None
 
     # -- list and watch --------------------------------------------------------------------------
@@ -185,8 +231,14 @@ class KubeApiServer(ApiFront):
     def _list(self, rt: ResourceType, namespace: str | None, query) -> Response:
         # limit/continue are not served: the whole list in one page is a valid answer to them.
         items, rv = self.store.list_objects(rt, namespace, self._matcher(query))
-        return JSONResponse({"kind": f"{rt.kind}List", "apiVersion": rt.api_version,
-                             "metadata": {"resourceVersion": rv}, "items": items})
+        return JSONResponse(
+            {
+                "kind": f"{rt.kind}List",
+                "apiVersion": rt.api_version,
+                "metadata": {"resourceVersion": rv},
+                "items": items,
+            }
+        )
 
     def _watch(self, rt: ResourceType, namespace: str | None, query) -> Response:
         match = self._matcher(query)
@@ -232,8 +284,9 @@ class KubeApiServer(ApiFront):
 
     # -- delete and eviction ---------------------------------------------------------------------
 
-    async def _delete(self, request: Request, rt: ResourceType, namespace: str | None, name: str,
-                      dry_run: bool) -> Response:
+    async def _delete(
+        self, request: Request, rt: ResourceType, namespace: str | None, name: str, dry_run: bool
+    ) -> Response:
         options = await _json_body(request) or {}
         if not isinstance(options, dict):
             raise bad_request("the body must be DeleteOptions")
@@ -243,14 +296,17 @@ class KubeApiServer(ApiFront):
         obj, gone = self.store.delete(rt, namespace, name, options, dry_run=dry_run)
         if gone and (rt.group, rt.plural) != ("", "pods"):  # only pods answer with the deleted object
             details = {"name": name, "group": rt.group, "kind": rt.plural, "uid": obj["metadata"]["uid"]}
-            return JSONResponse(status_body(200, "", "", details={k: v for k, v in details.items() if v},
-                                            failure=False))
+            return JSONResponse(
+                status_body(200, "", "", details={k: v for k, v in details.items() if v}, failure=False)
+            )
         return JSONResponse(obj)
 
     async def _evict(self, request: Request, namespace: str, name: str, dry_run: bool) -> Response:
         eviction = await _json_body(request)
         if isinstance(eviction, dict) and (eviction.get("metadata") or {}).get("name") not in (None, name):
             raise bad_request("name in URL does not match name in Eviction object")
-        dry_run = dry_run or (isinstance(eviction, dict) and (eviction.get("deleteOptions") or {}).get("dryRun") == ["All"])
+        dry_run = dry_run or (
+            isinstance(eviction, dict) and (eviction.get("deleteOptions") or {}).get("dryRun") == ["All"]
+        )
         self.store.evict(namespace, name, eviction, dry_run=dry_run)
         return JSONResponse(status_body(201, "", "", failure=False), status_code=201)

@@ -77,8 +77,14 @@ class _Simulator:
 
 
 class Kubelet(_Simulator):
-    def __init__(self, api_client: client.ApiClient, *, node: str | None = None, finish_after: float | None = None,
-                 interval: float = 0.05):
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        node: str | None = None,
+        finish_after: float | None = None,
+        interval: float = 0.05,
+    ):
         super().__init__(api_client, interval)
         self.node, self.finish_after = node, finish_after
         self.finished: list[str] = []
@@ -99,8 +105,13 @@ class Kubelet(_Simulator):
             if now < due:
                 continue
             try:
-                core.delete_namespaced_pod(meta.name, meta.namespace, body=client.V1DeleteOptions(
-                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=meta.uid)))
+                core.delete_namespaced_pod(
+                    meta.name,
+                    meta.namespace,
+                    body=client.V1DeleteOptions(
+                        grace_period_seconds=0, preconditions=client.V1Preconditions(uid=meta.uid)
+                    ),
+                )
             except ApiException as e:
                 if e.status not in (404, 409):  # gone already, or a new pod of the same name
                     raise
@@ -109,9 +120,17 @@ class Kubelet(_Simulator):
 
 
 class Provisioner(_Simulator):
-    def __init__(self, api_client: client.ApiClient, *, name_pattern: str = "gpu-new-{n}",
-                 replace_label: str | None = None, ready_after: float = 0.5, gpus: int = 8,
-                 labels: dict[str, str] | None = None, interval: float = 0.05):
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        name_pattern: str = "gpu-new-{n}",
+        replace_label: str | None = None,
+        ready_after: float = 0.5,
+        gpus: int = 8,
+        labels: dict[str, str] | None = None,
+        interval: float = 0.05,
+    ):
         super().__init__(api_client, interval)
         self.name_pattern, self.replace_label, self.ready_after = name_pattern, replace_label, ready_after
         self.gpus, self.labels = gpus, dict(labels or {})
@@ -132,8 +151,10 @@ class Provisioner(_Simulator):
             if e.status == 404:  # no NodeSet CRD on this server
                 return []
             raise
-        return [((o["metadata"]["namespace"], o["metadata"]["name"]), (o.get("spec") or {}).get("replicas") or 0)
-                for o in items]
+        return [
+            ((o["metadata"]["namespace"], o["metadata"]["name"]), (o.get("spec") or {}).get("replicas") or 0)
+            for o in items
+        ]
 
     def _tick(self) -> None:
         core = client.CoreV1Api(self._api)
@@ -141,8 +162,11 @@ class Provisioner(_Simulator):
         names = {n.metadata.name for n in nodes}
         wanted: list[tuple[str, str] | None] = [None] * len(self._nodes - names)  # deleted Nodes
         for node in nodes:
-            if self.replace_label and self.replace_label in (node.metadata.labels or {}) \
-                    and node.metadata.name not in self._replaced:
+            if (
+                self.replace_label
+                and self.replace_label in (node.metadata.labels or {})
+                and node.metadata.name not in self._replaced
+            ):
                 self._replaced.add(node.metadata.name)
                 wanted.append(None)
         for key, replicas in self._nodesets():
@@ -162,18 +186,42 @@ class Provisioner(_Simulator):
         while self.name_pattern.format(n=n) in existing or self.name_pattern.format(n=n) in self.created:
             n += 1
         name = self.name_pattern.format(n=n)
-        core.create_node({"metadata": {"name": name, "labels": self.labels}, "status": {"conditions": [
-            {"type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": "node is booting"}]}})
+        core.create_node(
+            {
+                "metadata": {"name": name, "labels": self.labels},
+                "status": {
+                    "conditions": [
+                        {"type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": "node is booting"}
+                    ]
+                },
+            }
+        )
         self.created.append(name)
         return name
 
     def _make_ready(self, core: client.CoreV1Api, name: str, nodeset: tuple[str, str] | None) -> None:
         gpus = {"nvidia.com/gpu": str(self.gpus), "cpu": "64", "memory": "512Gi", "pods": "110"}
-        core.patch_node_status(name, {"status": {"capacity": gpus, "allocatable": gpus, "conditions": [
-            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}]}})
+        core.patch_node_status(
+            name,
+            {
+                "status": {
+                    "capacity": gpus,
+                    "allocatable": gpus,
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "True",
+                            "reason": "KubeletReady",
+                            "message": "kubelet is posting ready status",
+                        }
+                    ],
+                }
+            },
+        )
         if nodeset is not None:
             custom = client.CustomObjectsApi(self._api)
             current = custom.get_namespaced_custom_object(NODESET[0], NODESET[1], nodeset[0], NODESET[2], nodeset[1])
             ready = ((current.get("status") or {}).get("replicas") or 0) + 1
-            custom.patch_namespaced_custom_object_status(NODESET[0], NODESET[1], nodeset[0], NODESET[2], nodeset[1],
-                                                         {"status": {"replicas": ready}})
+            custom.patch_namespaced_custom_object_status(
+                NODESET[0], NODESET[1], nodeset[0], NODESET[2], nodeset[1], {"status": {"replicas": ready}}
+            )

@@ -52,8 +52,16 @@ TICK_SECONDS = 0.25  # how often each simulated actor looks: quick enough for a 
 
 
 class SlinkyCluster:
-    def __init__(self, server: KubeApiServer, slurm: SlurmCli, *, compute_nodes: list[str], spare_nodes: list[str],
-                 namespace: str = "slurm", nodeset: str = "gpu"):
+    def __init__(
+        self,
+        server: KubeApiServer,
+        slurm: SlurmCli,
+        *,
+        compute_nodes: list[str],
+        spare_nodes: list[str],
+        namespace: str = "slurm",
+        nodeset: str = "gpu",
+    ):
         self.server, self.namespace, self.nodeset = server, namespace, nodeset
         self._slurm = slurm
         self._compute, self._spares = list(compute_nodes), list(spare_nodes)
@@ -72,11 +80,16 @@ class SlinkyCluster:
         api = config.new_client_from_config(config_file=str(self.kubeconfig))
         try:
             self._seed(client.CoreV1Api(api), client.CustomObjectsApi(api))
-            provisioner = NodeProvisioner(api, name_pattern="k8s-gpu-new-{n}", gpus=GPUS_PER_NODE,
-                                          interval=TICK_SECONDS)
-            for actor in (Kubelet(api, finish_after=SLURMD_EXIT_SECONDS, interval=TICK_SECONDS), provisioner,
-                          NodeSetController(api, provisioner, self._slurm, namespace=self.namespace,
-                                            serving=self._compute, spares=self._spares)):
+            provisioner = NodeProvisioner(
+                api, name_pattern="k8s-gpu-new-{n}", gpus=GPUS_PER_NODE, interval=TICK_SECONDS
+            )
+            for actor in (
+                Kubelet(api, finish_after=SLURMD_EXIT_SECONDS, interval=TICK_SECONDS),
+                provisioner,
+                NodeSetController(
+                    api, provisioner, self._slurm, namespace=self.namespace, serving=self._compute, spares=self._spares
+                ),
+            ):
                 self._actors.enter_context(actor)
         except BaseException:
             self.stop()
@@ -88,14 +101,29 @@ class SlinkyCluster:
     def _seed(self, core: client.CoreV1Api, custom: client.CustomObjectsApi) -> None:
         core.create_namespace({"metadata": {"name": self.namespace}})
         custom.create_namespaced_custom_object(
-            NODESET[0], NODESET[1], self.namespace, NODESET[2],
-            {"apiVersion": f"{NODESET[0]}/{NODESET[1]}", "kind": "NodeSet", "metadata": {"name": self.nodeset},
-             "spec": {"replicas": len(self._compute)}})
+            NODESET[0],
+            NODESET[1],
+            self.namespace,
+            NODESET[2],
+            {
+                "apiVersion": f"{NODESET[0]}/{NODESET[1]}",
+                "kind": "NodeSet",
+                "metadata": {"name": self.nodeset},
+                "spec": {"replicas": len(self._compute)},
+            },
+        )
         for slurm_node in self._compute:
             node = self.node_of(slurm_node)
             core.create_node({"metadata": {"name": node}})
-            core.patch_node_status(node, {"status": {**_gpu_resources(), "conditions": [
-                {"type": "Ready", "status": "True", "reason": "KubeletReady"}]}})
+            core.patch_node_status(
+                node,
+                {
+                    "status": {
+                        **_gpu_resources(),
+                        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+                    }
+                },
+            )
             create_slurmd_pod(core, self.namespace, slurm_node, node)
             mark_running(core, self.namespace, slurm_node)
 
@@ -119,17 +147,30 @@ def _gpu_resources() -> dict:
 
 
 def create_slurmd_pod(core: client.CoreV1Api, namespace: str, slurm_node: str, node: str) -> None:
-    core.create_namespaced_pod(namespace, {
-        "metadata": {"name": slurm_node, "labels": SLURMD_LABELS},
-        "spec": {"nodeName": node, "hostname": slurm_node,
-                 "containers": [{"name": "slurmd", "image": "ghcr.io/slinkyproject/slurmd",
-                                 "resources": {"limits": {GPU_RESOURCE: str(GPUS_PER_NODE)}}}]}})
+    core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": slurm_node, "labels": SLURMD_LABELS},
+            "spec": {
+                "nodeName": node,
+                "hostname": slurm_node,
+                "containers": [
+                    {
+                        "name": "slurmd",
+                        "image": "ghcr.io/slinkyproject/slurmd",
+                        "resources": {"limits": {GPU_RESOURCE: str(GPUS_PER_NODE)}},
+                    }
+                ],
+            },
+        },
+    )
 
 
 def mark_running(core: client.CoreV1Api, namespace: str, pod: str) -> None:
     """What the kubelet reports once the slurmd container runs and its readiness probe passes."""
-    core.patch_namespaced_pod_status(pod, namespace, {"status": {
-        "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
+    core.patch_namespaced_pod_status(
+        pod, namespace, {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+    )
 
 
 def is_ready(obj: client.V1Node | client.V1Pod) -> bool:
@@ -168,8 +209,16 @@ class NodeProvisioner(Provisioner):
 class NodeSetController(_Simulator):
     """Keeps a slurmd pod for each Slurm node it serves; a lost one is replaced by the next hot spare."""
 
-    def __init__(self, api_client: client.ApiClient, provisioner: NodeProvisioner, slurm: SlurmCli, *,
-                 namespace: str, serving: list[str], spares: list[str]):
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        provisioner: NodeProvisioner,
+        slurm: SlurmCli,
+        *,
+        namespace: str,
+        serving: list[str],
+        spares: list[str],
+    ):
         super().__init__(api_client, TICK_SECONDS)
         self._provisioner, self._slurm, self._namespace = provisioner, slurm, namespace
         self._serving = set(serving)

@@ -29,20 +29,41 @@ _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the apiserver's generateName alph
 class ApiError(Exception):
     """An error answer, sent as a metav1.Status body."""
 
-    def __init__(self, code: int, reason: str, message: str, *, rt: ResourceType | None = None,
-                 name: str | None = None, causes: list[dict] | None = None):
+    def __init__(
+        self,
+        code: int,
+        reason: str,
+        message: str,
+        *,
+        rt: ResourceType | None = None,
+        name: str | None = None,
+        causes: list[dict] | None = None,
+    ):
         super().__init__(message)
         self.code, self.reason, self.message = code, reason, message
-        self.details = {k: v for k, v in {"name": name, "group": rt.group if rt else None,
-                                            "kind": rt.plural if rt else None, "causes": causes}.items() if v}
+        self.details = {
+            k: v
+            for k, v in {
+                "name": name,
+                "group": rt.group if rt else None,
+                "kind": rt.plural if rt else None,
+                "causes": causes,
+            }.items()
+            if v
+        }
 
     def status(self) -> dict:
         return status_body(self.code, self.reason, self.message, details=self.details, failure=True)
 
 
 def status_body(code: int, reason: str, message: str, *, details: dict | None = None, failure: bool) -> dict:
-    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure" if failure else "Success",
-            "code": code}
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure" if failure else "Success",
+        "code": code,
+    }
     body.update({k: v for k, v in {"reason": reason, "message": message, "details": details}.items() if v})
     return body
 
@@ -56,11 +77,15 @@ def _not_found(rt: ResourceType, name: str) -> ApiError:
 
 
 def _conflict(rt: ResourceType, name: str, why: str) -> ApiError:
-    return ApiError(409, "Conflict", f'Operation cannot be fulfilled on {rt.qualified} "{name}": {why}', rt=rt, name=name)
+    return ApiError(
+        409, "Conflict", f'Operation cannot be fulfilled on {rt.qualified} "{name}": {why}', rt=rt, name=name
+    )
 
 
 def _stale(rt: ResourceType, name: str) -> ApiError:
-    return _conflict(rt, name, "the object has been modified; please apply your changes to the latest version and try again")
+    return _conflict(
+        rt, name, "the object has been modified; please apply your changes to the latest version and try again"
+    )
 
 
 def _invalid(rt: ResourceType, name: str, what: str) -> ApiError:
@@ -124,8 +149,11 @@ def watch_view(event: Event, rt: ResourceType, namespace: str | None, match: Mat
 
 
 def _unsupported(accepted: list[str]) -> ApiError:
-    return ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
-                                                 f"accepted media types include: {', '.join(accepted)}")
+    return ApiError(
+        415,
+        "UnsupportedMediaType",
+        f"the body of the request was in an unknown format - accepted media types include: {', '.join(accepted)}",
+    )
 
 
 def apply_patch(rt: ResourceType, name: str, content_type: str, original: dict, body: object) -> dict:
@@ -185,13 +213,20 @@ class Store:
 
     def _select(self, rt: ResourceType, namespace: str | None, match: Matcher) -> list[dict]:
         objects = self._objects[(rt.group, rt.plural)]
-        return [objects[key] for key in sorted(objects)
-                if (not namespace or key[0] == namespace) and match(objects[key])]
+        return [
+            objects[key] for key in sorted(objects) if (not namespace or key[0] == namespace) and match(objects[key])
+        ]
 
     # -- watch -----------------------------------------------------------------------------------
 
-    def watch(self, rt: ResourceType, namespace: str | None, match: Matcher, resource_version: str | None,
-              listener: Callable[[Event | None], None]) -> list[tuple[str, dict]]:
+    def watch(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        match: Matcher,
+        resource_version: str | None,
+        listener: Callable[[Event | None], None],
+    ) -> list[tuple[str, dict]]:
         """Registers `listener` for every later event and returns what the watch sees first:
         synthetic ADDED for the current objects (no resourceVersion, or "0"), else the logged
         events after that resourceVersion. Raises a 410 Expired ApiError for a compacted one."""
@@ -260,7 +295,9 @@ class Store:
         with self.lock:
             if rt.namespaced:
                 if meta.get("namespace") not in (None, "", namespace):
-                    raise bad_request("the namespace of the provided object does not match the namespace sent on the request")
+                    raise bad_request(
+                        "the namespace of the provided object does not match the namespace sent on the request"
+                    )
                 meta["namespace"] = namespace
                 if ("", namespace) not in self._objects[("", "namespaces")]:
                     raise _not_found(self.builtin("namespaces"), namespace)
@@ -273,8 +310,9 @@ class Store:
                 while not meta.get("name") or _ns_name(obj) in objects:
                     meta["name"] = meta["generateName"] + "".join(random.choices(_NAME_CHARS, k=5))
             if _ns_name(obj) in objects:
-                raise ApiError(409, "AlreadyExists", f'{rt.qualified} "{meta["name"]}" already exists',
-                               rt=rt, name=meta["name"])
+                raise ApiError(
+                    409, "AlreadyExists", f'{rt.qualified} "{meta["name"]}" already exists', rt=rt, name=meta["name"]
+                )
             for server_owned in ("deletionTimestamp", "deletionGracePeriodSeconds", "generation", "resourceVersion"):
                 meta.pop(server_owned, None)
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=_timestamp())
@@ -295,20 +333,39 @@ class Store:
             self._node_lifecycle(rt, obj)
             return obj
 
-    def replace(self, rt: ResourceType, namespace: str | None, name: str, body: object, *,
-                subresource: str | None = None, dry_run: bool = False) -> dict:
+    def replace(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        body: object,
+        *,
+        subresource: str | None = None,
+        dry_run: bool = False,
+    ) -> dict:
         if not isinstance(body, dict) or not isinstance(body.setdefault("metadata", {}), dict):
             raise bad_request("the body must be a JSON object with an object metadata")
         if body["metadata"].get("name") not in (None, name):
-            raise bad_request(f"the name of the object ({body['metadata']['name']}) does not match the name on the URL ({name})")
+            raise bad_request(
+                f"the name of the object ({body['metadata']['name']}) does not match the name on the URL ({name})"
+            )
         if rt.custom and not body["metadata"].get("resourceVersion"):
             raise _invalid(rt, name, "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update")
         with self.lock:
             old = self._get(rt, namespace, name)
             return self._update(rt, old, copy.deepcopy(body), subresource, dry_run)
 
-    def patch(self, rt: ResourceType, namespace: str | None, name: str, content_type: str, body: object, *,
-              subresource: str | None = None, dry_run: bool = False) -> dict:
+    def patch(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        content_type: str,
+        body: object,
+        *,
+        subresource: str | None = None,
+        dry_run: bool = False,
+    ) -> dict:
         if rt.custom and content_type == patches.STRATEGIC:  # CRs have no Go types to carry merge keys
             raise _unsupported([patches.JSON_PATCH, patches.MERGE])
         with self.lock:
@@ -330,8 +387,15 @@ class Store:
         else:
             result = new
             result["metadata"] = meta
-            for owned in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
-                          "generation", "namespace", "name"):
+            for owned in (
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+                "namespace",
+                "name",
+            ):
                 meta.pop(owned, None)
                 if owned in old["metadata"]:
                     meta[owned] = old["metadata"][owned]
@@ -362,8 +426,11 @@ class Store:
     def _finalized(obj: dict) -> bool:
         """Terminating, with no finalizer and no grace period left: the object goes."""
         meta = obj["metadata"]
-        return bool(meta.get("deletionTimestamp")) and not meta.get("finalizers") and not meta.get(
-            "deletionGracePeriodSeconds")
+        return (
+            bool(meta.get("deletionTimestamp"))
+            and not meta.get("finalizers")
+            and not meta.get("deletionGracePeriodSeconds")
+        )
 
     @staticmethod
     def _normalize(rt: ResourceType, obj: dict) -> None:
@@ -378,8 +445,9 @@ class Store:
 
     # -- delete ----------------------------------------------------------------------------------
 
-    def delete(self, rt: ResourceType, namespace: str | None, name: str, options: dict, *,
-               dry_run: bool = False) -> tuple[dict, bool]:
+    def delete(
+        self, rt: ResourceType, namespace: str | None, name: str, options: dict, *, dry_run: bool = False
+    ) -> tuple[dict, bool]:
         """Returns the object and whether it is gone; otherwise it is now Terminating, waiting for
         its finalizers or (a pod on a node) for the kubelet."""
         with self.lock:
@@ -388,8 +456,12 @@ class Store:
             pre = options.get("preconditions") or {}
             for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
                 if pre.get(field) and pre[field] != meta[field]:
-                    raise _conflict(rt, name, f"Precondition failed: {label} in precondition: {pre[field]}, "
-                                              f"{label} in object meta: {meta[field]}")
+                    raise _conflict(
+                        rt,
+                        name,
+                        f"Precondition failed: {label} in precondition: {pre[field]}, "
+                        f"{label} in object meta: {meta[field]}",
+                    )
             grace = self._grace_period(rt, old, options.get("gracePeriodSeconds"))
             if meta.get("deletionTimestamp") and grace >= (meta.get("deletionGracePeriodSeconds") or 0):
                 return old, False  # already Terminating; only a shorter grace period changes anything
@@ -409,7 +481,10 @@ class Store:
         terminationGracePeriodSeconds, else 30 s); everything else is deleted at once."""
         if rt.kind != "Pod" or rt.group:
             return 0
-        if not (obj.get("spec") or {}).get("nodeName") or (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        if not (obj.get("spec") or {}).get("nodeName") or (obj.get("status") or {}).get("phase") in (
+            "Succeeded",
+            "Failed",
+        ):
             return 0
         if requested is not None:
             try:
@@ -430,8 +505,12 @@ class Store:
         as the kubelet's final grace-period-0 delete does. Returns how many pods went."""
         pods = self.builtin("pods")
         with self.lock:
-            terminating = [p for p in self._objects[("", "pods")].values() if p["metadata"].get("deletionTimestamp")
-                           and (node is None or (p.get("spec") or {}).get("nodeName") == node)]
+            terminating = [
+                p
+                for p in self._objects[("", "pods")].values()
+                if p["metadata"].get("deletionTimestamp")
+                and (node is None or (p.get("spec") or {}).get("nodeName") == node)
+            ]
             return sum(self.delete(pods, *_ns_name(p), {"gracePeriodSeconds": 0})[1] for p in terminating)
 
     # -- eviction --------------------------------------------------------------------------------
@@ -446,12 +525,20 @@ class Store:
             pod = self._get(pods, namespace, name)
             # A pod that is not running, or already Terminating, disrupts nothing more.
             if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed", "Pending") and not pod[
-                    "metadata"].get("deletionTimestamp"):
-                budgets = [b for b in self._objects[("policy", "poddisruptionbudgets")].values()
-                           if b["metadata"]["namespace"] == namespace and self._selects(b, pod)]
+                "metadata"
+            ].get("deletionTimestamp"):
+                budgets = [
+                    b
+                    for b in self._objects[("policy", "poddisruptionbudgets")].values()
+                    if b["metadata"]["namespace"] == namespace and self._selects(b, pod)
+                ]
                 if len(budgets) > 1:
-                    raise ApiError(500, "InternalError", "This pod has more than one PodDisruptionBudget, "
-                                                         "which the eviction subresource does not support.")
+                    raise ApiError(
+                        500,
+                        "InternalError",
+                        "This pod has more than one PodDisruptionBudget, "
+                        "which the eviction subresource does not support.",
+                    )
                 if budgets:
                     self._check_budget(budgets[0], namespace)
             self.delete(pods, namespace, name, eviction.get("deleteOptions") or {}, dry_run=dry_run)
@@ -469,8 +556,11 @@ class Store:
     def _check_budget(self, budget: dict, namespace: str) -> None:
         # The disruption controller's arithmetic, done at eviction time: "healthy" is any matching
         # pod that is not Terminating.
-        matching = [p for p in self._objects[("", "pods")].values()
-                    if p["metadata"]["namespace"] == namespace and self._selects(budget, p)]
+        matching = [
+            p
+            for p in self._objects[("", "pods")].values()
+            if p["metadata"]["namespace"] == namespace and self._selects(budget, p)
+        ]
         healthy = sum(1 for p in matching if not p["metadata"].get("deletionTimestamp"))
         expected, spec = len(matching), budget.get("spec") or {}
 
@@ -488,9 +578,18 @@ class Store:
             raise ApiError(500, "InternalError", f"invalid PodDisruptionBudget {budget['metadata']['name']}") from None
         if healthy - desired <= 0:
             pdb = budget["metadata"]["name"]
-            raise ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.",
-                           causes=[{"reason": "DisruptionBudget", "message": f"The disruption budget {pdb} needs "
-                                    f"{desired} healthy pods and has {healthy} currently"}])
+            raise ApiError(
+                429,
+                "TooManyRequests",
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+                causes=[
+                    {
+                        "reason": "DisruptionBudget",
+                        "message": f"The disruption budget {pdb} needs "
+                        f"{desired} healthy pods and has {healthy} currently",
+                    }
+                ],
+            )
 
     # -- scale -----------------------------------------------------------------------------------
 
@@ -500,15 +599,29 @@ class Store:
 
     @staticmethod
     def _scale_of(rt: ResourceType, obj: dict) -> dict:
-        meta = {k: obj["metadata"][k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
-                if k in obj["metadata"]}
+        meta = {
+            k: obj["metadata"][k]
+            for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+            if k in obj["metadata"]
+        }
         spec_path, status_path = rt.scale
-        return {"kind": "Scale", "apiVersion": "autoscaling/v1", "metadata": meta,
-                "spec": {"replicas": _path_get(obj, spec_path) or 0},
-                "status": {"replicas": _path_get(obj, status_path) or 0}}
+        return {
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": meta,
+            "spec": {"replicas": _path_get(obj, spec_path) or 0},
+            "status": {"replicas": _path_get(obj, status_path) or 0},
+        }
 
-    def write_scale(self, rt: ResourceType, namespace: str | None, name: str, change: Callable[[dict], object], *,
-                    dry_run: bool = False) -> dict:
+    def write_scale(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        change: Callable[[dict], object],
+        *,
+        dry_run: bool = False,
+    ) -> dict:
         """PUT or PATCH of /scale: `change` turns the current Scale into the requested one."""
         with self.lock:
             old = self._get(rt, namespace, name)
@@ -538,8 +651,10 @@ class Store:
         not-ready taint follows the Ready condition."""
         if not (self.add_not_ready_taint and rt.plural == "nodes" and not rt.group):
             return
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in (node.get("status") or {}).get("conditions") or [])
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (node.get("status") or {}).get("conditions") or []
+        )
         tainted = any(t.get("key") == NOT_READY_TAINT["key"] for t in (node.get("spec") or {}).get("taints") or [])
         if ready == tainted:
             new = copy.deepcopy(node)

@@ -20,8 +20,12 @@ async def raise_alert(
 
 
 async def raise_alerts(
-    client: Client, alerts: list[NodeFailureAlert], task_queue: str, policy: RecoveryPolicy,
-    *, id_reuse_policy: WorkflowIDReusePolicy = WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    client: Client,
+    alerts: list[NodeFailureAlert],
+    task_queue: str,
+    policy: RecoveryPolicy,
+    *,
+    id_reuse_policy: WorkflowIDReusePolicy = WorkflowIDReusePolicy.ALLOW_DUPLICATE,
 ) -> WorkflowHandle[NodeRecoveryWorkflow, IncidentReport]:
     """Alerts for one node, in one durable hand-over: when this returns, Temporal has them.
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import quote
 
 import typer
@@ -44,8 +44,12 @@ from temporalio.service import RPCError, RPCStatusCode
 from contracts import search_attributes as sa
 from contracts.budget import BreakerReset, QuarantineRelease
 from contracts.models import IncidentReport, IncidentStatus, NodeFailureAlert, OperatorDecision, Phase, _check_node_name
-from contracts.settings import ConfigError, describe_config, load_settings, load_telemetry_settings
+from contracts.settings import ConfigError, Settings, describe_config, load_settings, load_telemetry_settings
 from starter.report_html import write_report_html
+
+if TYPE_CHECKING:  # for the annotations: the commands that use them import them
+    from starter.drill import DrillOptions
+    from starter.localstack import LocalStack
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 3
 # Outcomes after which nothing is left for a person to do.
@@ -55,8 +59,13 @@ _INCIDENT_ID = re.compile(r"^(?P<node>.+)-\d{8}T\d{6}Z$")
 # A value for a visibility query: no quotes, nothing the query language would read as syntax.
 _QUERY_VALUE = re.compile(r"^[A-Za-z0-9_ .:-]{1,100}$")
 
-app = typer.Typer(name="recovery", help="GPU node failure recovery on Slurm, driven by Temporal",
-                  add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
+app = typer.Typer(
+    name="recovery",
+    help="GPU node failure recovery on Slurm, driven by Temporal",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 # Piped output keeps whole table rows: scripts read --json, people may read a pipe.
 stdout = Console(width=None if sys.stdout.isatty() else 200)
 stderr = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -112,20 +121,29 @@ def drill(
     xid: int = typer.Option(79, help="the XID to inject (a degrading one such as 94 exercises the grace period)"),
     node: str | None = typer.Option(None, help="node to fail (default: one of the reference job's nodes)"),
     corrupt_latest_checkpoint: bool = typer.Option(
-        False, "--corrupt-latest-checkpoint", help="make the newest checkpoint incomplete before the failure"),
+        False, "--corrupt-latest-checkpoint", help="make the newest checkpoint incomplete before the failure"
+    ),
     dry_run: bool = typer.Option(
-        False, "--dry-run", help="observe mode: the report lists the intended actions; nothing is changed"),
+        False, "--dry-run", help="observe mode: the report lists the intended actions; nothing is changed"
+    ),
     k8s: bool = typer.Option(
-        False, "--k8s", help="Slurm on Kubernetes: the same cluster behind a simulated Slinky control plane "
-        "(kubesim): the incident also fences the Node, evicts the slurmd pod and replaces it"),
+        False,
+        "--k8s",
+        help="Slurm on Kubernetes: the same cluster behind a simulated Slinky control plane "
+        "(kubesim): the incident also fences the Node, evicts the slurmd pod and replaces it",
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the report as one JSON object"),
     slurm_version: SlurmVersion | None = typer.Option(
-        None, help="the Slurm generation to drill on (default: the host's; the other runs from a Debian root)"),
+        None, help="the Slurm generation to drill on (default: the host's; the other runs from a Debian root)"
+    ),
     scenario: str | None = typer.Option(
-        None, help="a game day scenario, or all: inject, verify, print the SLO table (exit 1 on a miss)"),
+        None, help="a game day scenario, or all: inject, verify, print the SLO table (exit 1 on a miss)"
+    ),
     save_history: Path | None = typer.Option(
-        None, "--save-history", help="write each incident's Temporal history into this directory "
-        "(replay fixtures: docs/upgrades.md)"),
+        None,
+        "--save-history",
+        help="write each incident's Temporal history into this directory (replay fixtures: docs/upgrades.md)",
+    ),
 ) -> None:
     from starter.drill import DrillOptions
 
@@ -138,11 +156,14 @@ def drill(
         except KeyError as e:
             raise BadInput(e.args[0]) from None
         if xid != 79 or node or corrupt_latest_checkpoint or dry_run or k8s:
-            raise BadInput("a scenario injects its own failure: --xid, --node, --corrupt-latest-checkpoint, "
-                           "--dry-run and --k8s do not apply to --scenario")
+            raise BadInput(
+                "a scenario injects its own failure: --xid, --node, --corrupt-latest-checkpoint, "
+                "--dry-run and --k8s do not apply to --scenario"
+            )
         _run(_gameday(names, scenario == "all", as_json, version, save_history))
-    opts = DrillOptions(xid=xid, node=node, corrupt_latest_checkpoint=corrupt_latest_checkpoint, dry_run=dry_run,
-                        k8s=k8s)
+    opts = DrillOptions(
+        xid=xid, node=node, corrupt_latest_checkpoint=corrupt_latest_checkpoint, dry_run=dry_run, k8s=k8s
+    )
     _run(_drill(opts, as_json, version, save_history))
 
 
@@ -177,8 +198,14 @@ async def _drill(opts: DrillOptions, as_json: bool, slurm_version: str | None, s
         drill = Drill(client, stack, cluster, policy, XidPolicyTable(settings.xid_policy_file), say=progress.say)
         result = await drill.run(opts)
         if save_history is not None and result.passed:  # only verified incidents become fixtures
-            label = "-".join([f"drill-xid{opts.xid}", *(["dry-run"] if opts.dry_run else []),
-                              *(["k8s"] if opts.k8s else []), *(["corrupt"] if opts.corrupt_latest_checkpoint else [])])
+            label = "-".join(
+                [
+                    f"drill-xid{opts.xid}",
+                    *(["dry-run"] if opts.dry_run else []),
+                    *(["k8s"] if opts.k8s else []),
+                    *(["corrupt"] if opts.corrupt_latest_checkpoint else []),
+                ]
+            )
             incident = client.get_workflow_handle(incident_workflow_id(result.report.node))
             for path in await save_histories(client, label, incident, result.report, save_history):
                 progress.say(f"history saved: {path}")
@@ -197,30 +224,50 @@ async def _drill(opts: DrillOptions, as_json: bool, slurm_version: str | None, s
     return EXIT_OK if result.passed else EXIT_FAILED
 
 
-async def _gameday(names: list[str], as_list: bool, as_json: bool, slurm_version: str | None,
-                   save_history: Path | None) -> int:
+async def _gameday(
+    names: list[str], as_list: bool, as_json: bool, slurm_version: str | None, save_history: Path | None
+) -> int:
     from activities.xid_policy import XidPolicyTable
     from starter.gameday import GameDay, exit_code
 
     settings, stack = _drill_stack(slurm_version)
     with LiveProgress(stderr) as progress:
-        progress.say("starting what is missing of the local stack (Temporal dev server; each scenario starts "
-                     "the Slurm cluster at its size, and a worker)...")
+        progress.say(
+            "starting what is missing of the local stack (Temporal dev server; each scenario starts "
+            "the Slurm cluster at its size, and a worker)..."
+        )
         await asyncio.to_thread(stack.start_temporal)
         client = await _stack_client(stack)
-        game = GameDay(client, stack, settings.policy(), XidPolicyTable(settings.xid_policy_file), say=progress.say,
-                       save_history=save_history)
+        game = GameDay(
+            client,
+            stack,
+            settings.policy(),
+            XidPolicyTable(settings.xid_policy_file),
+            say=progress.say,
+            save_history=save_history,
+        )
         results = await game.run(names)
     if as_json:
         found = [r.model_dump(mode="json") for r in results]
         _print_json(found if as_list else found[0])
     else:
         for r in results:
-            table = Table("SLO", "target", "measured", "met", "detail",
-                          title=escape(f"{r.scenario}: {'passed' if r.passed else 'MISSED'} ({r.description})"))
+            table = Table(
+                "SLO",
+                "target",
+                "measured",
+                "met",
+                "detail",
+                title=escape(f"{r.scenario}: {'passed' if r.passed else 'MISSED'} ({r.description})"),
+            )
             for slo in r.slos:
-                table.add_row(escape(slo.name), escape(slo.target), "-" if slo.measured is None else escape(str(slo.measured)),
-                              "yes" if slo.met else "[bold red]NO[/]", escape(slo.detail[:160]))
+                table.add_row(
+                    escape(slo.name),
+                    escape(slo.target),
+                    "-" if slo.measured is None else escape(str(slo.measured)),
+                    "yes" if slo.met else "[bold red]NO[/]",
+                    escape(slo.detail[:160]),
+                )
             stdout.print(table)
     return exit_code(results)
 
@@ -266,20 +313,26 @@ def render_report(r: IncidentReport) -> str:
     for s in r.skipped_checkpoints:
         lines.append(f"  skipped incomplete checkpoint {s.checkpoint_id}: {s.why}")
     for j in r.jobs:
-        lines.append(f"  job {j.job_id}: restarts {j.restart_count}, {','.join(j.nodes_before)} -> "
-                     f"{','.join(j.nodes_after) or '-'}, {'verified' if j.verified else 'NOT verified: ' + '; '.join(j.why_not)}")
+        lines.append(
+            f"  job {j.job_id}: restarts {j.restart_count}, {','.join(j.nodes_before)} -> "
+            f"{','.join(j.nodes_after) or '-'}, {'verified' if j.verified else 'NOT verified: ' + '; '.join(j.why_not)}"
+        )
     return "\n".join(lines)
 
 
 def render_status(s: IncidentStatus) -> str:
     origin = s.alerts[0].observed_at if s.alerts else (s.phases[0].started_at if s.phases else None)
     fault = f" ({s.fault_class.value})" if s.fault_class else ""
-    lines = [f"incident {s.incident_id}: node {s.node}, XID {_num(s.xid)}{fault}",
-             f"phase: {s.phase}" + (f", outcome: {s.outcome}" if s.outcome else ""), ""]
+    lines = [
+        f"incident {s.incident_id}: node {s.node}, XID {_num(s.xid)}{fault}",
+        f"phase: {s.phase}" + (f", outcome: {s.outcome}" if s.outcome else ""),
+        "",
+    ]
     if origin is not None:
         lines += render_timeline(s.phases, origin)
-    lines += [f"  alert from {a.source} by {a.actor} at {a.observed_at:%H:%M:%S}: XID {a.xid}, {a.reason}"
-              for a in s.alerts]
+    lines += [
+        f"  alert from {a.source} by {a.actor} at {a.observed_at:%H:%M:%S}: XID {a.xid}, {a.reason}" for a in s.alerts
+    ]
     return "\n".join(lines)
 
 
@@ -298,11 +351,17 @@ def _num(v, unit: str = "") -> str:
 
 
 def timeline_json(phases: list[Phase], origin: datetime) -> list[dict]:
-    return [{"phase": p.name, "started_at": p.started_at.isoformat(),
-             "ended_at": p.ended_at.isoformat() if p.ended_at else None,
-             "start_seconds": round((p.started_at - origin).total_seconds(), 3),
-             "duration_seconds": round((p.ended_at - p.started_at).total_seconds(), 3) if p.ended_at else None,
-             "result": p.result} for p in phases]
+    return [
+        {
+            "phase": p.name,
+            "started_at": p.started_at.isoformat(),
+            "ended_at": p.ended_at.isoformat() if p.ended_at else None,
+            "start_seconds": round((p.started_at - origin).total_seconds(), 3),
+            "duration_seconds": round((p.ended_at - p.started_at).total_seconds(), 3) if p.ended_at else None,
+            "result": p.result,
+        }
+        for p in phases
+    ]
 
 
 # --- finding incidents -------------------------------------------------------------------------
@@ -389,8 +448,9 @@ def inject(
 async def _inject(node: str, xid: int, actor: str, reason: str) -> int:
     from starter.alerts import raise_alert
 
-    alert = NodeFailureAlert(node=node, xid=xid, source="cli", actor=actor,
-                             reason=reason or f"XID {xid} reported from the CLI")
+    alert = NodeFailureAlert(
+        node=node, xid=xid, source="cli", actor=actor, reason=reason or f"XID {xid} reported from the CLI"
+    )
     settings = load_settings()
     client = await _client(settings.temporal_address, settings.temporal_namespace)
     handle = await raise_alert(client, alert, settings.task_queue, settings.policy())
@@ -418,17 +478,30 @@ async def _status(node: str | None, as_json: bool, limit: int) -> int:
     rows = []
     async for wf in client.list_workflows(query, limit=limit):
         handle = client.get_workflow_handle(wf.id, run_id=wf.run_id)
-        row = {"workflow_id": wf.id, "run_id": wf.run_id, "status": wf.status.name if wf.status else "?",
-               "started_at": wf.start_time.isoformat()}
+        row = {
+            "workflow_id": wf.id,
+            "run_id": wf.run_id,
+            "status": wf.status.name if wf.status else "?",
+            "started_at": wf.start_time.isoformat(),
+        }
         try:
             if wf.status == WorkflowExecutionStatus.RUNNING:
                 current = await handle.query("status")
-                row |= {"incident_id": current["incident_id"], "node": current["node"],
-                        "phase": current["phase"], "xid": current["xid"]}
+                row |= {
+                    "incident_id": current["incident_id"],
+                    "node": current["node"],
+                    "phase": current["phase"],
+                    "xid": current["xid"],
+                }
             elif wf.status == WorkflowExecutionStatus.COMPLETED:
                 report = await handle.result()
-                row |= {"incident_id": report["incident_id"], "node": report["node"], "phase": "done",
-                        "xid": report["xid"], "outcome": report["outcome"]}
+                row |= {
+                    "incident_id": report["incident_id"],
+                    "node": report["node"],
+                    "phase": "done",
+                    "xid": report["xid"],
+                    "outcome": report["outcome"],
+                }
         except Exception as e:  # a run whose worker is gone still lists, with why it has no phase
             row["error"] = str(e)
         rows.append(row)
@@ -436,8 +509,10 @@ async def _status(node: str | None, as_json: bool, limit: int) -> int:
         _print_json(rows)
     else:
         for r in rows:
-            print(f"{r.get('incident_id', r['workflow_id']):<34} {r['status']:<11} phase={r.get('phase', '?'):<20}"
-                  f" {r.get('outcome', '')}")
+            print(
+                f"{r.get('incident_id', r['workflow_id']):<34} {r['status']:<11} phase={r.get('phase', '?'):<20}"
+                f" {r.get('outcome', '')}"
+            )
         if not rows:
             print("no incidents")
     return EXIT_OK
@@ -456,8 +531,7 @@ def list_incidents(
     _run(_list(node, xid, phase, outcome, running, limit, as_json))
 
 
-def incident_query(node: str | None, xid: int | None, phase: str | None, outcome: str | None,
-                   running: bool) -> str:
+def incident_query(node: str | None, xid: int | None, phase: str | None, outcome: str | None, running: bool) -> str:
     """The visibility query for `recovery list` (values checked: they are pasted into the query)."""
     terms = ["WorkflowType = 'NodeRecoveryWorkflow'"]
     if node is not None:
@@ -475,8 +549,9 @@ def incident_query(node: str | None, xid: int | None, phase: str | None, outcome
     return " AND ".join(terms)
 
 
-async def _list(node: str | None, xid: int | None, phase: str | None, outcome: str | None, running: bool,
-                limit: int, as_json: bool) -> int:
+async def _list(
+    node: str | None, xid: int | None, phase: str | None, outcome: str | None, running: bool, limit: int, as_json: bool
+) -> int:
     query = incident_query(node, xid, phase, outcome, running)
     client = await _configured_client()
     runs = [run async for run in client.list_workflows(query, limit=limit)]
@@ -494,8 +569,16 @@ async def _list(node: str | None, xid: int | None, phase: str | None, outcome: s
         return EXIT_OK
     table = Table("incident", "node", "XID", "phase", "outcome", "jobs", "started", "run", box=None)
     for row in rows:
-        table.add_row(row["incident_id"] or row["workflow_id"], row["node"], _num(row["xid"]), row["phase"],
-                      row["outcome"] or "", ",".join(row["job_ids"]), row["started_at"][:19], row["status"])
+        table.add_row(
+            row["incident_id"] or row["workflow_id"],
+            row["node"],
+            _num(row["xid"]),
+            row["phase"],
+            row["outcome"] or "",
+            ",".join(row["job_ids"]),
+            row["started_at"][:19],
+            row["status"],
+        )
     stdout.print(table if rows else "no incidents")
     return EXIT_OK
 
@@ -503,11 +586,18 @@ async def _list(node: str | None, xid: int | None, phase: str | None, outcome: s
 def _list_row(incident: Incident) -> dict:
     run, attributes = incident.run, incident.run.typed_search_attributes
     return {
-        "incident_id": incident.incident_id, "workflow_id": run.id, "run_id": run.run_id,
-        "status": incident.run_status, "node": attributes.get(sa.NODE), "xid": attributes.get(sa.XID),
-        "phase": attributes.get(sa.PHASE), "outcome": attributes.get(sa.OUTCOME),
-        "job_ids": attributes.get(sa.JOB_IDS) or [], "peer_nodes": attributes.get(sa.PEER_NODES) or [],
-        "started_at": run.start_time.isoformat(), "closed_at": run.close_time.isoformat() if run.close_time else None,
+        "incident_id": incident.incident_id,
+        "workflow_id": run.id,
+        "run_id": run.run_id,
+        "status": incident.run_status,
+        "node": attributes.get(sa.NODE),
+        "xid": attributes.get(sa.XID),
+        "phase": attributes.get(sa.PHASE),
+        "outcome": attributes.get(sa.OUTCOME),
+        "job_ids": attributes.get(sa.JOB_IDS) or [],
+        "peer_nodes": attributes.get(sa.PEER_NODES) or [],
+        "started_at": run.start_time.isoformat(),
+        "closed_at": run.close_time.isoformat() if run.close_time else None,
     }
 
 
@@ -515,8 +605,10 @@ def _list_row(incident: Incident) -> dict:
 
 
 @app.command(help="one incident's timeline: phase, start, duration, result (exit 1: it ended unrecovered)")
-def describe(incident: str = typer.Argument(..., help="a node name (its latest incident) or an incident id"),
-             as_json: bool = JSON_OPTION) -> None:
+def describe(
+    incident: str = typer.Argument(..., help="a node name (its latest incident) or an incident id"),
+    as_json: bool = JSON_OPTION,
+) -> None:
     _run(_describe(incident, as_json))
 
 
@@ -528,15 +620,20 @@ async def _describe(ref: str, as_json: bool) -> int:
     if as_json:
         found = incident.report or incident.status
         origin = incident.report.failure_at if incident.report else _status_origin(incident.status)
-        _print_json({
-            "incident_id": incident.incident_id, "workflow_id": run.id, "run_id": run.run_id,
-            "status": incident.run_status, "settled": incident.settled,
-            "phase": "done" if incident.report else (incident.status.phase if incident.status else None),
-            "outcome": found.outcome if found else None,
-            "timeline": timeline_json(found.phases, origin) if found and origin else [],
-            "report": incident.report.model_dump(mode="json") if incident.report else None,
-            "incident": incident.status.model_dump(mode="json") if incident.status else None,
-        })
+        _print_json(
+            {
+                "incident_id": incident.incident_id,
+                "workflow_id": run.id,
+                "run_id": run.run_id,
+                "status": incident.run_status,
+                "settled": incident.settled,
+                "phase": "done" if incident.report else (incident.status.phase if incident.status else None),
+                "outcome": found.outcome if found else None,
+                "timeline": timeline_json(found.phases, origin) if found and origin else [],
+                "report": incident.report.model_dump(mode="json") if incident.report else None,
+                "incident": incident.status.model_dump(mode="json") if incident.status else None,
+            }
+        )
     else:
         print(f"workflow {run.id}, run {run.run_id}: {incident.run_status}")
         if incident.report:
@@ -557,9 +654,11 @@ def _status_origin(status: IncidentStatus | None) -> datetime | None:
 
 
 @app.command(help="write an ended incident's report as a self-contained HTML page (prints its path)")
-def report(incident: str = typer.Argument(..., help="a node name (its latest incident) or an incident id"),
-           output: Path | None = typer.Option(None, "--output", "-o", help="the file (default: ./INCIDENT.html)"),
-           as_json: bool = JSON_OPTION) -> None:
+def report(
+    incident: str = typer.Argument(..., help="a node name (its latest incident) or an incident id"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="the file (default: ./INCIDENT.html)"),
+    as_json: bool = JSON_OPTION,
+) -> None:
     _run(_report(incident, output, as_json))
 
 
@@ -568,8 +667,11 @@ async def _report(ref: str, output: Path | None, as_json: bool) -> int:
     client = await _configured_client()
     incident = await find_incident(client, node, incident_id)
     if incident.report is None:
-        raise BadInput(f"incident {incident.incident_id or ref} has no report yet ({incident.run_status}"
-                       + (f", phase {incident.status.phase}" if incident.status else "") + ")")
+        raise BadInput(
+            f"incident {incident.incident_id or ref} has no report yet ({incident.run_status}"
+            + (f", phase {incident.status.phase}" if incident.status else "")
+            + ")"
+        )
     path = write_report_html(incident.report, output or Path(f"{incident.report.incident_id}.html"))
     if as_json:
         _print_json({"incident_id": incident.report.incident_id, "report_html": str(path.resolve())})
@@ -581,8 +683,9 @@ async def _report(ref: str, output: Path | None, as_json: bool) -> int:
 # --- operator decisions ------------------------------------------------------------------------
 
 
-ACTOR_OPTION = typer.Option(None, help="who decides: a name in the worker's operator list (default "
-                            "RECOVERY_OPERATOR, else the login name)")
+ACTOR_OPTION = typer.Option(
+    None, help="who decides: a name in the worker's operator list (default RECOVERY_OPERATOR, else the login name)"
+)
 
 
 def _signer(actor: str | None, settings=None):
@@ -597,12 +700,18 @@ def _signer(actor: str | None, settings=None):
 
 
 def _decision_command(name: str, what: str) -> None:
-    @app.command(name, help=f"{what} (only when the incident awaits a decision); signed with RECOVERY_OPERATOR_KEY_FILE")
-    def decide(incident: str = typer.Argument(..., help="a node name (its latest incident) or an incident id"),
-               reason: str = typer.Option(..., help="why: recorded with the decision"),
-               actor: str | None = ACTOR_OPTION,
-               as_json: bool = JSON_OPTION) -> None:
-        OperatorDecision(actor="unnamed" if actor is None else actor, reason=reason)  # a bad reason or actor: exit 2 before anything
+    @app.command(
+        name, help=f"{what} (only when the incident awaits a decision); signed with RECOVERY_OPERATOR_KEY_FILE"
+    )
+    def decide(
+        incident: str = typer.Argument(..., help="a node name (its latest incident) or an incident id"),
+        reason: str = typer.Option(..., help="why: recorded with the decision"),
+        actor: str | None = ACTOR_OPTION,
+        as_json: bool = JSON_OPTION,
+    ) -> None:
+        OperatorDecision(
+            actor="unnamed" if actor is None else actor, reason=reason
+        )  # a bad reason or actor: exit 2 before anything
         _run(_decide(name, incident, actor, reason, as_json))
 
 
@@ -638,8 +747,10 @@ async def _decide(name: str, ref: str, actor: str | None, reason: str, as_json: 
 # --- fleet budget and lemon nodes -------------------------------------------------------------
 
 
-@app.command("release-quarantine", help="let a quarantined lemon node return to service automatically again; "
-             "signed with RECOVERY_OPERATOR_KEY_FILE")
+@app.command(
+    "release-quarantine",
+    help="let a quarantined lemon node return to service automatically again; signed with RECOVERY_OPERATOR_KEY_FILE",
+)
 def release_quarantine_command(
     node: str = typer.Argument(..., help="the quarantined node"),
     reason: str = typer.Option(..., help="why (e.g. the repair ticket): recorded with the release"),
@@ -661,8 +772,9 @@ async def _release_quarantine(node: str, actor: str | None, reason: str, as_json
     signer = _signer(actor, settings)
     client = await _client(settings.temporal_address, settings.temporal_namespace)
     try:
-        status = await release_quarantine(client, node, signer, reason,
-                                          workflow_id=fleet_budget_workflow_id(settings.task_queue))
+        status = await release_quarantine(
+            client, node, signer, reason, workflow_id=fleet_budget_workflow_id(settings.task_queue)
+        )
     except ValueError as e:
         raise BadInput(str(e)) from None
     if as_json:
@@ -672,8 +784,11 @@ async def _release_quarantine(node: str, actor: str | None, reason: str, as_json
     return EXIT_OK
 
 
-@app.command("reset-breaker", help="reset the tripped fence circuit breaker: held incidents are weighed again; "
-             "signed with RECOVERY_OPERATOR_KEY_FILE")
+@app.command(
+    "reset-breaker",
+    help="reset the tripped fence circuit breaker: held incidents are weighed again; "
+    "signed with RECOVERY_OPERATOR_KEY_FILE",
+)
 def reset_breaker_command(
     reason: str = typer.Option(..., help="why (what was found and fixed): recorded with the reset"),
     actor: str | None = ACTOR_OPTION,
@@ -700,9 +815,11 @@ async def _reset_breaker(actor: str | None, reason: str, as_json: bool) -> int:
     if as_json:
         _print_json(status.model_dump(mode="json"))
     else:
-        print(f"fence circuit breaker reset by {signer.actor}; " + (
-            f"tripped again: {status.breaker.reason}" if status.breaker else "closed")
-            + f"; {len(status.fence_held)} incident(s) still held")
+        print(
+            f"fence circuit breaker reset by {signer.actor}; "
+            + (f"tripped again: {status.breaker.reason}" if status.breaker else "closed")
+            + f"; {len(status.fence_held)} incident(s) still held"
+        )
     return EXIT_OK
 
 
@@ -722,28 +839,47 @@ async def _budget(as_json: bool) -> int:
     except RPCError as e:
         if e.status != RPCStatusCode.NOT_FOUND:
             raise
-        raise BadInput(f"no fleet budget runs for task queue {settings.task_queue} (it starts with the first "
-                       "incident, or with the worker)") from None
+        raise BadInput(
+            f"no fleet budget runs for task queue {settings.task_queue} (it starts with the first "
+            "incident, or with the worker)"
+        ) from None
     if as_json:
         _print_json(status.model_dump(mode="json"))
         return EXIT_OK
     p = status.policy
-    print(f"{len(status.holders)} of {p.max_nodes} nodes under remediation; {len(status.waiting)} waiting; "
-          f"{status.disrupted_jobs_in_window} of {p.max_disrupted_jobs} jobs disrupted in the last "
-          f"{p.disruption_window_seconds:.0f} s")
-    print(f"fence circuit breaker: {len(status.fenced_in_window)} node(s) fenced in the last "
-          f"{p.breaker_window_seconds:.0f} s (at most {p.breaker_max_fences}, {p.breaker_fleet_fraction:g} of the "
-          f"fleet, {p.breaker_partition_fraction:g} of a partition); " + (
-              f"TRIPPED at {status.breaker.at:%Y-%m-%d %H:%M:%S} by {status.breaker.node}: {status.breaker.reason}; "
-              f"{len(status.fence_held)} incident(s) held. Reset with `recovery reset-breaker --reason ...`"
-              if status.breaker else "closed"))
+    print(
+        f"{len(status.holders)} of {p.max_nodes} nodes under remediation; {len(status.waiting)} waiting; "
+        f"{status.disrupted_jobs_in_window} of {p.max_disrupted_jobs} jobs disrupted in the last "
+        f"{p.disruption_window_seconds:.0f} s"
+    )
+    print(
+        f"fence circuit breaker: {len(status.fenced_in_window)} node(s) fenced in the last "
+        f"{p.breaker_window_seconds:.0f} s (at most {p.breaker_max_fences}, {p.breaker_fleet_fraction:g} of the "
+        f"fleet, {p.breaker_partition_fraction:g} of a partition); "
+        + (
+            f"TRIPPED at {status.breaker.at:%Y-%m-%d %H:%M:%S} by {status.breaker.node}: {status.breaker.reason}; "
+            f"{len(status.fence_held)} incident(s) held. Reset with `recovery reset-breaker --reason ...`"
+            if status.breaker
+            else "closed"
+        )
+    )
     table = Table("node", "incident", "lease", "since", "why", box=None)
     for lease in status.holders + status.waiting + status.fence_held:
-        table.add_row(lease.node, lease.incident_id, lease.status.value,
-                      f"{lease.granted_at or lease.requested_at:%Y-%m-%d %H:%M:%S}", lease.reason)
+        table.add_row(
+            lease.node,
+            lease.incident_id,
+            lease.status.value,
+            f"{lease.granted_at or lease.requested_at:%Y-%m-%d %H:%M:%S}",
+            lease.reason,
+        )
     for q in status.quarantined:
-        table.add_row(q.node, "", "quarantined", f"{q.since:%Y-%m-%d %H:%M:%S}" if q.since else "",
-                      f"{len(q.incidents_in_window)} incident(s) in the window")
+        table.add_row(
+            q.node,
+            "",
+            "quarantined",
+            f"{q.since:%Y-%m-%d %H:%M:%S}" if q.since else "",
+            f"{len(q.incidents_in_window)} incident(s) in the window",
+        )
     stdout.print(table)
     return EXIT_OK
 
@@ -768,8 +904,10 @@ def config(as_json: bool = JSON_OPTION) -> None:
 
 
 @app.command(help="start, stop or inspect the embedded local stack")
-def stack(action: StackAction = typer.Argument(..., help="up, down or status"),
-          slurm_version: SlurmVersion | None = typer.Option(None, help="the Slurm generation (default: the host's)")) -> None:
+def stack(
+    action: StackAction = typer.Argument(..., help="up, down or status"),
+    slurm_version: SlurmVersion | None = typer.Option(None, help="the Slurm generation (default: the host's)"),
+) -> None:
     _run(_stack(action, slurm_version.value if slurm_version else None))
 
 
@@ -779,9 +917,17 @@ async def _stack(action: StackAction, slurm_version: str | None) -> int:
     local = LocalStack(task_queue=load_settings().task_queue, slurm_version=slurm_version)
     if action == StackAction.up:
         cluster = await asyncio.to_thread(local.up)
-        print(json.dumps({"temporal": local.temporal_address, "ui": f"http://127.0.0.1:{local.ui_port}",
-                          "slurm_conf": cluster["SLURM_CONF"], "slurmrestd": cluster["SLURMRESTD_URL"],
-                          "operator_key_file": str(local.operator_key_file)}))
+        print(
+            json.dumps(
+                {
+                    "temporal": local.temporal_address,
+                    "ui": f"http://127.0.0.1:{local.ui_port}",
+                    "slurm_conf": cluster["SLURM_CONF"],
+                    "slurmrestd": cluster["SLURMRESTD_URL"],
+                    "operator_key_file": str(local.operator_key_file),
+                }
+            )
+        )
     elif action == StackAction.down:
         # every generation's cluster and worker, then the dev server
         for version in DEBIAN_RELEASE_OF_GENERATION:
@@ -800,8 +946,10 @@ async def _stack(action: StackAction, slurm_version: str | None) -> int:
 
 
 @app.command(help="serve the alert hooks (RECOVERY_HOOKS_* configure it; docs/alert-hooks.md)")
-def hooks(host: str | None = typer.Option(None, help="listen address (default RECOVERY_HOOKS_HOST or 127.0.0.1)"),
-          port: int | None = typer.Option(None, help="listen port (default RECOVERY_HOOKS_PORT or 8910)")) -> None:
+def hooks(
+    host: str | None = typer.Option(None, help="listen address (default RECOVERY_HOOKS_HOST or 127.0.0.1)"),
+    port: int | None = typer.Option(None, help="listen port (default RECOVERY_HOOKS_PORT or 8910)"),
+) -> None:
     from starter.hooks.server import serve
     from starter.hooks.settings import HookSettings
 
@@ -827,8 +975,11 @@ def main(argv: list[str] | None = None) -> None:
         _err(f"recovery: bad input, nothing was changed: {e}")
         code = EXIT_BAD_INPUT
     except RPCError as e:
-        refused = e.status in (RPCStatusCode.INVALID_ARGUMENT, RPCStatusCode.NOT_FOUND,
-                               RPCStatusCode.FAILED_PRECONDITION)
+        refused = e.status in (
+            RPCStatusCode.INVALID_ARGUMENT,
+            RPCStatusCode.NOT_FOUND,
+            RPCStatusCode.FAILED_PRECONDITION,
+        )
         _err(f"recovery: {'bad input, nothing was changed' if refused else 'Temporal did not answer'}: {e}")
         code = EXIT_BAD_INPUT if refused else EXIT_UNAVAILABLE
     except (RuntimeError, OSError) as e:

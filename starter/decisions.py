@@ -17,8 +17,9 @@ class NothingAwaitsApproval(ValueError):
     pass
 
 
-async def signed_decision(handle: WorkflowHandle, kind: IncidentDecision, signer: DecisionSigner,
-                          reason: str) -> OperatorDecision:
+async def signed_decision(
+    handle: WorkflowHandle, kind: IncidentDecision, signer: DecisionSigner, reason: str
+) -> OperatorDecision:
     """The decision signed for the incident's current run and, for approve and deny, the gate it answers."""
     run_id = handle.run_id or (await handle.describe()).run_id
     gate = ""
@@ -27,8 +28,9 @@ async def signed_decision(handle: WorkflowHandle, kind: IncidentDecision, signer
         if status.awaiting_approval is None:
             raise NothingAwaitsApproval(f"it awaits no approval (phase {status.phase})")
         gate = status.awaiting_approval.gate
-    return OperatorDecision(actor=signer.actor, reason=reason,
-                            signature=signer.sign(kind, handle.id, run_id, gate, reason))
+    return OperatorDecision(
+        actor=signer.actor, reason=reason, signature=signer.sign(kind, handle.id, run_id, gate, reason)
+    )
 
 
 async def decide(handle: WorkflowHandle, kind: IncidentDecision, signer: DecisionSigner, reason: str) -> IncidentStatus:

@@ -29,8 +29,8 @@ from pydantic import BaseModel, Field
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
 from activities.xid_policy import XidPolicyTable
-from backends.slurm import SlurmCli, SlurmCommandError
 from backends.replacement import SPARE_STANDBY_REASON
+from backends.slurm import SlurmCli, SlurmCommandError
 from contracts.k8s_settings import KubernetesSettings
 from contracts.models import FaultClass, IncidentReport, NodeFailureAlert, RecoveryPolicy, SlurmJob, SlurmNode
 from contracts.settings import Settings, load_settings
@@ -39,9 +39,9 @@ from kubesim.simulators import NODESET
 from kubesim.slinky import GPU_RESOURCE, SLURMD_SELECTOR, SlinkyCluster, can_take_slurmd, is_ready
 from starter.alerts import raise_alert
 from starter.localstack import LocalStack, StackError, wait_async
+from trainer import checkpoint as ckpt
 from worker import activities_for, build_slurm, serving
 from workflows.node_recovery import NodeRecoveryWorkflow
-from trainer import checkpoint as ckpt
 
 DRILL_JOB_NAME = "recovery-drill"
 CheckpointCorruption = Literal["truncated", "checksum", "no_manifest", "missing_file", "being_written", "all"]
@@ -83,7 +83,9 @@ class DrillResult(BaseModel):
         return {
             **self.report.model_dump(mode="json"),
             "drill": {
-                "passed": self.passed, "job_id": self.job_id, "run_dir": self.run_dir,
+                "passed": self.passed,
+                "job_id": self.job_id,
+                "run_dir": self.run_dir,
                 "corrupted_checkpoint": self.corrupted_checkpoint,
                 "checks": [c.model_dump() for c in self.checks],
             },
@@ -104,8 +106,15 @@ class DrillRun:
 
 
 class Drill:
-    def __init__(self, client: Client, stack: LocalStack, cluster: dict[str, str], policy: RecoveryPolicy,
-                 xid_table: XidPolicyTable, say: Callable[[str], None] = lambda _: None):
+    def __init__(
+        self,
+        client: Client,
+        stack: LocalStack,
+        cluster: dict[str, str],
+        policy: RecoveryPolicy,
+        xid_table: XidPolicyTable,
+        say: Callable[[str], None] = lambda _: None,
+    ):
         self.client, self.stack, self.cluster, self.policy = client, stack, cluster, policy
         self.xid_table = xid_table
         self.say = say
@@ -125,9 +134,12 @@ class Drill:
         async with SimulatedKubernetes(self) as kubernetes:
             return await self.finish(await self.start(opts, kubernetes=kubernetes), opts.timeout_seconds)
 
-    async def start(self, opts: DrillOptions,
-                    before_fault: Callable[[SlurmJob, str], Awaitable[None]] | None = None,
-                    kubernetes: SimulatedKubernetes | None = None) -> DrillRun:
+    async def start(
+        self,
+        opts: DrillOptions,
+        before_fault: Callable[[SlurmJob, str], Awaitable[None]] | None = None,
+        kubernetes: SimulatedKubernetes | None = None,
+    ) -> DrillRun:
         """Everything up to the alert: a training job with checkpoints, a failed GPU, the alert.
         `before_fault(job, node)` lets a test set a scene (say, an operator's drain) first; with
         `kubernetes`, the incident runs on Slurm on Kubernetes."""
@@ -153,8 +165,12 @@ class Drill:
             self._log(f"made the newest checkpoint {corrupted} incomplete")
 
         alert = NodeFailureAlert(
-            node=node, xid=opts.xid, source="drill", actor=f"drill by {getpass.getuser()}",
-            reason=f"injected XID {opts.xid} on {node}", message="NVRM: Xid (drill)",
+            node=node,
+            xid=opts.xid,
+            source="drill",
+            actor=f"drill by {getpass.getuser()}",
+            reason=f"injected XID {opts.xid} on {node}",
+            message="NVRM: Xid (drill)",
         )
         policy = self.policy.model_copy(update={"dry_run": opts.dry_run})
         task_queue = self.stack.task_queue
@@ -162,9 +178,17 @@ class Drill:
             policy, task_queue = policy.model_copy(update={"kubernetes": True}), kubernetes.task_queue
         handle = await raise_alert(self.client, alert, task_queue, policy)
         self._log(f"alert sent: incident workflow {handle.id}")
-        return DrillRun(job_id=job_id, run_dir=run_dir, node=node, fault_class=fault_class,
-                        corrupted=corrupted, handle=handle, slurm_before=slurm_before, kubernetes=kubernetes,
-                        corruption=opts.corruption if corrupted else None)
+        return DrillRun(
+            job_id=job_id,
+            run_dir=run_dir,
+            node=node,
+            fault_class=fault_class,
+            corrupted=corrupted,
+            handle=handle,
+            slurm_before=slurm_before,
+            kubernetes=kubernetes,
+            corruption=opts.corruption if corrupted else None,
+        )
 
     async def finish(self, run: DrillRun, timeout: float) -> DrillResult:
         """Follow the incident to its end, check what the drill promises, stop the job."""
@@ -177,8 +201,13 @@ class Drill:
             checks += await run.kubernetes.check(report, run)
             await run.kubernetes.end_return_to_service(report)
         await self.slurm.run("scancel", str(run.job_id))
-        return DrillResult(report=report, job_id=run.job_id, run_dir=str(run.run_dir),
-                           corrupted_checkpoint=run.corrupted, checks=checks)
+        return DrillResult(
+            report=report,
+            job_id=run.job_id,
+            run_dir=str(run.run_dir),
+            corrupted_checkpoint=run.corrupted,
+            checks=checks,
+        )
 
     # --- set-up --------------------------------------------------------------------------------
 
@@ -189,8 +218,11 @@ class Drill:
         job_id = await self.submit_reference_job(run_dir, opts)
         self._log(f"reference job {job_id} submitted across {opts.job_nodes} nodes; checkpoints in {run_dir}")
         job = await wait_async(lambda: self._running(job_id), 60, f"job {job_id} to run")
-        await wait_async(lambda: self._complete_checkpoints(run_dir, opts.checkpoints_before_failure), 120,
-                         f"{opts.checkpoints_before_failure} complete checkpoints")
+        await wait_async(
+            lambda: self._complete_checkpoints(run_dir, opts.checkpoints_before_failure),
+            120,
+            f"{opts.checkpoints_before_failure} complete checkpoints",
+        )
         return job, run_dir
 
     async def reset_cluster(self) -> None:
@@ -225,14 +257,26 @@ class Drill:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.stack.fault_dir.mkdir(parents=True, exist_ok=True)
         out = await self.slurm.run(
-            "sbatch", "--parsable", f"--job-name={DRILL_JOB_NAME}", f"--nodes={opts.job_nodes}", "--ntasks-per-node=1",
-            "--requeue", f"--comment=checkpoint_dir={run_dir}", f"--chdir={run_dir}",
+            "sbatch",
+            "--parsable",
+            f"--job-name={DRILL_JOB_NAME}",
+            f"--nodes={opts.job_nodes}",
+            "--ntasks-per-node=1",
+            "--requeue",
+            f"--comment=checkpoint_dir={run_dir}",
+            f"--chdir={run_dir}",
             *([f"--nodelist={','.join(opts.pinned_to)}"] if opts.pinned_to else []),
             f"--output={run_dir}/slurm-%j.out",
             f"--export=ALL,PYTHONPATH={self.stack.trainer_pythonpath},TRAINER_PYTHON={self.stack.trainer_python}",
             str(self.stack.trainer_script),
-            "--run-dir", str(run_dir), "--step-seconds", str(opts.step_seconds),
-            "--checkpoint-every", str(opts.checkpoint_every), "--fault-dir", str(self.stack.fault_dir),
+            "--run-dir",
+            str(run_dir),
+            "--step-seconds",
+            str(opts.step_seconds),
+            "--checkpoint-every",
+            str(opts.checkpoint_every),
+            "--fault-dir",
+            str(self.stack.fault_dir),
         )
         return int(out.strip().split(";")[0])
 
@@ -275,10 +319,13 @@ class Drill:
     async def slurm_state(self) -> str:
         """Every node's state, flags, reason and comment and every job's state, nodes, restart
         count and exclusions, as text: two equal snapshots mean Slurm saw no write."""
-        nodes = [n.model_dump(include={"name", "state", "flags", "reason", "comment"})
-                 for n in await self.slurm.list_nodes()]
-        jobs = [j.model_dump(include={"job_id", "state", "nodes", "restart_count", "excluded_nodes", "priority"})
-                for j in await self.slurm.list_jobs()]
+        nodes = [
+            n.model_dump(include={"name", "state", "flags", "reason", "comment"}) for n in await self.slurm.list_nodes()
+        ]
+        jobs = [
+            j.model_dump(include={"job_id", "state", "nodes", "restart_count", "excluded_nodes", "priority"})
+            for j in await self.slurm.list_jobs()
+        ]
         return json.dumps({"nodes": nodes, "jobs": jobs}, sort_keys=True)
 
     async def check_dry_run(self, report: IncidentReport, run: DrillRun, before: str) -> list[DrillCheck]:
@@ -288,50 +335,89 @@ class Drill:
         uncommanded = [a.action for a in report.intended_actions if not a.command]
         executed = [a.action for a in report.actions if a.path != "none"]  # "none": a decision, no call
         return [
-            DrillCheck(name="dry-run outcome", passed=report.dry_run and report.outcome.startswith("dry_run"),
-                       detail=report.outcome),
-            DrillCheck(name="actions intended, each with its command",
-                       passed=bool(report.intended_actions) and not uncommanded and not executed,
-                       detail=f"{len(report.intended_actions)} intended; without a command: {uncommanded}; "
-                       f"executed: {executed}"),
-            DrillCheck(name="Slurm saw no write", passed=after == before,
-                       detail="nodes and jobs unchanged" if after == before else f"before {before}\nafter {after}"),
-            DrillCheck(name="node still in service", passed=live.in_service, detail=f"{run.node}: {live.state} {live.flags}"),
+            DrillCheck(
+                name="dry-run outcome",
+                passed=report.dry_run and report.outcome.startswith("dry_run"),
+                detail=report.outcome,
+            ),
+            DrillCheck(
+                name="actions intended, each with its command",
+                passed=bool(report.intended_actions) and not uncommanded and not executed,
+                detail=f"{len(report.intended_actions)} intended; without a command: {uncommanded}; "
+                f"executed: {executed}",
+            ),
+            DrillCheck(
+                name="Slurm saw no write",
+                passed=after == before,
+                detail="nodes and jobs unchanged" if after == before else f"before {before}\nafter {after}",
+            ),
+            DrillCheck(
+                name="node still in service", passed=live.in_service, detail=f"{run.node}: {live.state} {live.flags}"
+            ),
             DrillCheck(name="job not signalled", passed=not signalled, detail=f"SIGUSR1 in {signalled or 'no log'}"),
         ]
 
-    async def check(self, report: IncidentReport, job_id: int, node: str, fault_class: FaultClass,
-                    corrupted: str | None, corruption: CheckpointCorruption | None = None) -> list[DrillCheck]:
+    async def check(
+        self,
+        report: IncidentReport,
+        job_id: int,
+        node: str,
+        fault_class: FaultClass,
+        corrupted: str | None,
+        corruption: CheckpointCorruption | None = None,
+    ) -> list[DrillCheck]:
         checks = []
         if fault_class in (FaultClass.FATAL, FaultClass.DEGRADING):
             checks.append(DrillCheck(name="recovered", passed=report.outcome == "recovered", detail=report.outcome))
             job = next((j for j in report.jobs if j.job_id == job_id), None)
-            checks.append(DrillCheck(
-                name="job moved off the failed node",
-                passed=job is not None and bool(job.nodes_after) and node not in job.nodes_after,
-                detail=f"before {job.nodes_before if job else '?'}, after {job.nodes_after if job else '?'}",
-            ))
+            checks.append(
+                DrillCheck(
+                    name="job moved off the failed node",
+                    passed=job is not None and bool(job.nodes_after) and node not in job.nodes_after,
+                    detail=f"before {job.nodes_before if job else '?'}, after {job.nodes_after if job else '?'}",
+                )
+            )
             if corrupted:
                 skipped = [s.checkpoint_id for s in report.skipped_checkpoints]
-                checks.append(DrillCheck(
-                    name="incomplete checkpoint skipped",
-                    # every checkpoint broken: from scratch; else from one older than the broken one
-                    passed=corrupted in skipped and (
-                        report.resumed_step is None if corruption == "all" else report.resumed_step is not None
-                        and report.resumed_step < _step_of(corrupted)),
-                    detail=f"corrupted {corrupted}; resumed at step {report.resumed_step}; skipped {skipped}",
-                ))
+                checks.append(
+                    DrillCheck(
+                        name="incomplete checkpoint skipped",
+                        # every checkpoint broken: from scratch; else from one older than the broken one
+                        passed=corrupted in skipped
+                        and (
+                            report.resumed_step is None
+                            if corruption == "all"
+                            else report.resumed_step is not None and report.resumed_step < _step_of(corrupted)
+                        ),
+                        detail=f"corrupted {corrupted}; resumed at step {report.resumed_step}; skipped {skipped}",
+                    )
+                )
         elif fault_class == FaultClass.APPLICATION:
             live = await self.slurm.get_node(node)
             job = await self.slurm.get_job(job_id)
-            checks.append(DrillCheck(name="no node action", passed=report.outcome == "no_node_action"
-                                     and live.in_service, detail=f"{node}: {live.state} {live.flags}"))
-            checks.append(DrillCheck(name="job kept running", passed=job.state == "RUNNING"
-                                     and job.restart_count == 0, detail=f"{job.state}, restarts {job.restart_count}"))
+            checks.append(
+                DrillCheck(
+                    name="no node action",
+                    passed=report.outcome == "no_node_action" and live.in_service,
+                    detail=f"{node}: {live.state} {live.flags}",
+                )
+            )
+            checks.append(
+                DrillCheck(
+                    name="job kept running",
+                    passed=job.state == "RUNNING" and job.restart_count == 0,
+                    detail=f"{job.state}, restarts {job.restart_count}",
+                )
+            )
         else:
             live = await self.slurm.get_node(node)
-            checks.append(DrillCheck(name="drained and escalated", passed=report.outcome.startswith("escalated")
-                                     and live.drained, detail=report.outcome))
+            checks.append(
+                DrillCheck(
+                    name="drained and escalated",
+                    passed=report.outcome.startswith("escalated") and live.drained,
+                    detail=report.outcome,
+                )
+            )
         return checks
 
 
@@ -375,9 +461,17 @@ class SimulatedKubernetes:
         self._resources.push_async_callback(asyncio.to_thread, slinky.stop)
         self._seed_writes = len(self.server.writes())
         self.settings = KubernetesSettings(
-            enabled=True, kubeconfig=slinky.kubeconfig, context=None, namespace=slinky.namespace,
-            slurmd_selector=SLURMD_SELECTOR, node_selector="", gpu_resource=GPU_RESOURCE, replacement="nodeset",
-            nodeset_name=slinky.nodeset, nodeset_version=NODESET[1], nodeset_scale_up=False,
+            enabled=True,
+            kubeconfig=slinky.kubeconfig,
+            context=None,
+            namespace=slinky.namespace,
+            slurmd_selector=SLURMD_SELECTOR,
+            node_selector="",
+            gpu_resource=GPU_RESOURCE,
+            replacement="nodeset",
+            nodeset_name=slinky.nodeset,
+            nodeset_version=NODESET[1],
+            nodeset_scale_up=False,
             watch_seconds=1,  # a drill measures the replacement, not a watch window
         )
         if not self._in_process_worker:
@@ -386,40 +480,60 @@ class SimulatedKubernetes:
         slurm = await build_slurm(settings, self._resources)
         activities = activities_for(settings, slurm, drill.client, kubernetes=self.settings, resources=self._resources)
         await self._resources.enter_async_context(serving(drill.client, settings, activities))
-        drill._log(f"Slurm on Kubernetes: API server {self.server.url}, NodeSet {slinky.namespace}/{slinky.nodeset}, "
-                   f"a slurmd pod for each of {', '.join(compute)}; worker on task queue {self.task_queue}")
+        drill._log(
+            f"Slurm on Kubernetes: API server {self.server.url}, NodeSet {slinky.namespace}/{slinky.nodeset}, "
+            f"a slurmd pod for each of {', '.join(compute)}; worker on task queue {self.task_queue}"
+        )
 
     def worker_environment(self) -> dict[str, str]:
         """RECOVERY_K8S_* and the task queue, for a worker process serving this cluster."""
         assert self.settings is not None, "enter the context first"
         values = self.settings.model_dump(mode="json", exclude_none=True)
-        return {"RECOVERY_K8S_ENABLED": "true", "RECOVERY_TASK_QUEUE": self.task_queue,
-                **{f"RECOVERY_K8S_{name.upper()}": str(value).lower() if isinstance(value, bool) else str(value)
-                   for name, value in values.items() if name != "enabled"}}
+        return {
+            "RECOVERY_K8S_ENABLED": "true",
+            "RECOVERY_TASK_QUEUE": self.task_queue,
+            **{
+                f"RECOVERY_K8S_{name.upper()}": str(value).lower() if isinstance(value, bool) else str(value)
+                for name, value in values.items()
+                if name != "enabled"
+            },
+        }
 
     def _worker_settings(self) -> Settings:
         """As the local stack's worker process is configured (LocalStack.worker_env)."""
         cluster, stack = self._drill.cluster, self._drill.stack
         stack.ensure_operator_key()
         return load_settings(
-            SLURM_CONF=cluster["SLURM_CONF"], SLURM_BIN_DIR=cluster.get("SLURM_BIN_DIR", ""),
-            SLURMRESTD_URL=cluster["SLURMRESTD_URL"], SLURMRESTD_USER=cluster["SLURMRESTD_USER"],
-            SLURMRESTD_TOKEN_FILE=cluster["SLURMRESTD_TOKEN_FILE"], health_check=stack.health_check,
+            SLURM_CONF=cluster["SLURM_CONF"],
+            SLURM_BIN_DIR=cluster.get("SLURM_BIN_DIR", ""),
+            SLURMRESTD_URL=cluster["SLURMRESTD_URL"],
+            SLURMRESTD_USER=cluster["SLURMRESTD_USER"],
+            SLURMRESTD_TOKEN_FILE=cluster["SLURMRESTD_TOKEN_FILE"],
+            health_check=stack.health_check,
             task_queue=self.task_queue,  # the fleet budget runs where its incidents do
-            operator_keys_file=stack.operator_keys_file, accept_starter_policy=True,
+            operator_keys_file=stack.operator_keys_file,
+            accept_starter_policy=True,
         )
 
     async def check(self, report: IncidentReport, run: DrillRun) -> list[DrillCheck]:
         if report.dry_run or run.fault_class not in (FaultClass.FATAL, FaultClass.DEGRADING):
-            writes = self.server.writes()[self._seed_writes:]
-            return [DrillCheck(name="Kubernetes saw no write", passed=not writes,
-                               detail=f"since the cluster was seeded: {writes or 'none'}")]
+            writes = self.server.writes()[self._seed_writes :]
+            return [
+                DrillCheck(
+                    name="Kubernetes saw no write",
+                    passed=not writes,
+                    detail=f"since the cluster was seeded: {writes or 'none'}",
+                )
+            ]
         spare = await self._drill.slurm.get_node(report.spare_node) if report.spare_node else None
-        return [self._evicted_after_slurm_let_go(report, run.node),
-                *await asyncio.to_thread(self._cluster_checks, report, run.node, spare)]
+        return [
+            self._evicted_after_slurm_let_go(report, run.node),
+            *await asyncio.to_thread(self._cluster_checks, report, run.node, spare),
+        ]
 
     def _evicted_after_slurm_let_go(self, report: IncidentReport, failed: str) -> DrillCheck:
         """By the incident's records and by the API server's own log of the eviction requests."""
+
         def since_failure(action: str) -> str:
             found = [a.at for a in report.actions if a.action == action]
             return f"{(found[-1] - report.failure_at).total_seconds():.1f}s" if found else "-"
@@ -428,40 +542,57 @@ class SimulatedKubernetes:
         evictions = [a for a in report.actions if a.action == "evict_slurmd_pod" and a.path == "kubernetes"]
         requested = [path for method, path in self.server.requests if method == "POST" and path.endswith("/eviction")]
         expected = f"/api/v1/namespaces/{self.settings.namespace}/pods/{failed}/eviction"
-        passed = (len(evictions) == 1 and {"drain_node", "requeue_hold"} <= {a.action for a in slurm_side}
-                  and all(a.at <= evictions[0].at for a in slurm_side) and requested == [expected])
+        passed = (
+            len(evictions) == 1
+            and {"drain_node", "requeue_hold"} <= {a.action for a in slurm_side}
+            and all(a.at <= evictions[0].at for a in slurm_side)
+            and requested == [expected]
+        )
         return DrillCheck(
-            name="slurmd pod evicted after the drain and the requeue", passed=passed,
+            name="slurmd pod evicted after the drain and the requeue",
+            passed=passed,
             detail=f"drain {since_failure('drain_node')}, requeue {since_failure('requeue_hold')}, release "
-                   f"{since_failure('release_job')}, eviction {since_failure('evict_slurmd_pod')} "
-                   f"({evictions[0].detail if evictions else 'none'}); eviction requests to the API server: {requested}")
+            f"{since_failure('release_job')}, eviction {since_failure('evict_slurmd_pod')} "
+            f"({evictions[0].detail if evictions else 'none'}); eviction requests to the API server: {requested}",
+        )
 
     def _cluster_checks(self, report: IncidentReport, failed: str, spare: SlurmNode | None) -> list[DrillCheck]:
         """What the API server shows now: the failed Node fenced, the replacement serving."""
         with kube_config.new_client_from_config(config_file=str(self.settings.kubeconfig)) as api:
             core = kube.CoreV1Api(api)
             nodes = {n.metadata.name: n for n in core.list_node().items}
-            pods = {p.spec.hostname: p for p in core.list_namespaced_pod(
-                self.settings.namespace, label_selector=SLURMD_SELECTOR).items}
+            pods = {
+                p.spec.hostname: p
+                for p in core.list_namespaced_pod(self.settings.namespace, label_selector=SLURMD_SELECTOR).items
+            }
         failed_node = self.slinky.node_of(failed)
         fenced = nodes.get(failed_node)
         cordoned = bool(fenced and fenced.spec.unschedulable)
-        fence_taints = [f"{t.key}={t.value}:{t.effect}" for t in (fenced.spec.taints or [] if fenced else [])
-                        if t.key == self.settings.taint_key]
+        fence_taints = [
+            f"{t.key}={t.value}:{t.effect}"
+            for t in (fenced.spec.taints or [] if fenced else [])
+            if t.key == self.settings.taint_key
+        ]
         pod = pods.get(report.spare_node or "")
         node = nodes.get(pod.spec.node_name) if pod else None
         usable = node is not None and node.metadata.name != failed_node and can_take_slurmd(node)
         pod_ready = pod is not None and is_ready(pod)
         in_service = spare is not None and spare.in_service
         return [
-            DrillCheck(name="failed Node cordoned and tainted", passed=cordoned and bool(fence_taints),
-                       detail=f"{failed_node}: unschedulable {cordoned}, taints {fence_taints}"),
-            DrillCheck(name="replacement Node in service", passed=usable and pod_ready and in_service,
-                       detail=f"Node {node.metadata.name if node else '-'}: "
-                              f"{'Ready, schedulable, GPUs' if usable else 'not usable'}; slurmd pod "
-                              f"{pod.metadata.name if pod else '-'}: {'Ready' if pod_ready else 'not Ready'}; "
-                              f"Slurm node {spare.name if spare else '-'}: "
-                              f"{'in service' if in_service else spare.state if spare else 'none'}"),
+            DrillCheck(
+                name="failed Node cordoned and tainted",
+                passed=cordoned and bool(fence_taints),
+                detail=f"{failed_node}: unschedulable {cordoned}, taints {fence_taints}",
+            ),
+            DrillCheck(
+                name="replacement Node in service",
+                passed=usable and pod_ready and in_service,
+                detail=f"Node {node.metadata.name if node else '-'}: "
+                f"{'Ready, schedulable, GPUs' if usable else 'not usable'}; slurmd pod "
+                f"{pod.metadata.name if pod else '-'}: {'Ready' if pod_ready else 'not Ready'}; "
+                f"Slurm node {spare.name if spare else '-'}: "
+                f"{'in service' if in_service else spare.state if spare else 'none'}",
+            ),
         ]
 
     async def end_return_to_service(self, report: IncidentReport) -> None:

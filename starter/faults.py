@@ -62,16 +62,19 @@ async def job_recovery_started(client: Client, task_queue: str, job_id: int, tim
     return handle
 
 
-async def wait_for_history_point(handle: WorkflowHandle, activity_type: str, point: HistoryPoint,
-                                 timeout: float) -> None:
+async def wait_for_history_point(
+    handle: WorkflowHandle, activity_type: str, point: HistoryPoint, timeout: float
+) -> None:
     """Returns once the incident reached `point` of an activity of `activity_type` (see above)."""
     if point not in ("scheduled", "started", "completed"):
         raise ValueError(f"unknown point {point!r}: scheduled, started or completed")
     what = f"{activity_type} {point} in {handle.id}"
     if point == "started":
+
         async def started() -> bool:
-            return (await _attempt_running(handle, activity_type)
-                    or "started" in await _points_in_history(handle, activity_type))
+            return await _attempt_running(handle, activity_type) or "started" in await _points_in_history(
+                handle, activity_type
+            )
 
         await wait_async(started, timeout, what, interval=_POLL_SECONDS)
         return
@@ -97,8 +100,10 @@ async def _history_reaches(handle: WorkflowHandle, activity_type: str, point: st
 
 async def _attempt_running(handle: WorkflowHandle, activity_type: str) -> bool:
     pending = (await handle.describe()).raw_description.pending_activities
-    return any(p.activity_type.name == activity_type and p.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
-               for p in pending)
+    return any(
+        p.activity_type.name == activity_type and p.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+        for p in pending
+    )
 
 
 async def _points_in_history(handle: WorkflowHandle, activity_type: str) -> set[str]:
@@ -191,8 +196,12 @@ def _running(pidfile: Path, what: str) -> int:
 
 
 def _temporal_serving(stack: LocalStack) -> bool:
-    result = subprocess.run([stack.temporal_binary, "operator", "cluster", "health", "--address", stack.temporal_address],
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [stack.temporal_binary, "operator", "cluster", "health", "--address", stack.temporal_address],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     return result.returncode == 0 and "SERVING" in result.stdout
 
 
@@ -203,8 +212,9 @@ def restart_slurmctld(stack: LocalStack, cluster: dict[str, str]) -> None:
     stack.restart_slurmctld()
 
     def answers() -> bool:
-        ping = subprocess.run(["scontrol", "ping"], env=stack.slurm_cli_env(cluster), capture_output=True,
-                              text=True, timeout=30)
+        ping = subprocess.run(
+            ["scontrol", "ping"], env=stack.slurm_cli_env(cluster), capture_output=True, text=True, timeout=30
+        )
         return "is UP" in ping.stdout
 
     _wait_for(answers, 30, "the restarted slurmctld")

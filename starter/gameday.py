@@ -77,14 +77,20 @@ class ScenarioResult(BaseModel):
     seconds: float | None = Field(None, description="wall time of the scenario")
 
 
-def score(name: str, measured: float | int | None, comparison: Comparison, limit: float, unit: str = "",
-          detail: str = "") -> Slo:
+def score(
+    name: str, measured: float | int | None, comparison: Comparison, limit: float, unit: str = "", detail: str = ""
+) -> Slo:
     """One objective: a measured number against its limit; nothing measured is a miss."""
     if isinstance(measured, float):
         measured = round(measured, 3)
-    met = measured is not None and {
-        "<=": lambda: measured <= limit, "==": lambda: measured == limit, ">=": lambda: measured >= limit,
-    }[comparison]()
+    met = (
+        measured is not None
+        and {
+            "<=": lambda: measured <= limit,
+            "==": lambda: measured == limit,
+            ">=": lambda: measured >= limit,
+        }[comparison]()
+    )
     shown = f"{limit:g}" if isinstance(limit, float) else str(limit)
     return Slo(name=name, target=f"{comparison} {shown}{unit}", measured=measured, met=met, detail=detail)
 
@@ -94,9 +100,17 @@ def judged(name: str, target: str, measured: str, met: bool, detail: str = "") -
     return Slo(name=name, target=target, measured=measured, met=met, detail=detail)
 
 
-def result_of(scenario: Scenario, slos: list[Slo], incidents: list[str], seconds: float | None = None) -> ScenarioResult:
-    return ScenarioResult(scenario=scenario.name, passed=bool(slos) and all(s.met for s in slos), slos=slos,
-                          description=scenario.description, incidents=incidents, seconds=seconds)
+def result_of(
+    scenario: Scenario, slos: list[Slo], incidents: list[str], seconds: float | None = None
+) -> ScenarioResult:
+    return ScenarioResult(
+        scenario=scenario.name,
+        passed=bool(slos) and all(s.met for s in slos),
+        slos=slos,
+        description=scenario.description,
+        incidents=incidents,
+        seconds=seconds,
+    )
 
 
 def exit_code(results: list[ScenarioResult]) -> int:
@@ -139,8 +153,9 @@ def detect_slo(reports: list[IncidentReport], targets: Targets) -> Slo:
     """Alert observed -> the incident's first phase began (the worker picked the incident up)."""
     waits = [seconds_after_failure(r, r.phases[0].started_at if r.phases else None) for r in reports]
     measured = None if None in waits or not waits else max(waits)
-    return score("detect", measured, "<=", targets.detect_seconds, " s",
-                 detail=f"alert -> first phase, slowest of {len(waits)}")
+    return score(
+        "detect", measured, "<=", targets.detect_seconds, " s", detail=f"alert -> first phase, slowest of {len(waits)}"
+    )
 
 
 def drained_at(report: IncidentReport) -> datetime | None:
@@ -154,32 +169,58 @@ async def fence_slo(drill: Drill, reports: list[IncidentReport], targets: Target
     nodes = [await drill.slurm.get_node(r.node) for r in reports]
     unfenced = [n.name for n in nodes if not (n.drained or n.state == "down")]
     measured = None if None in times or not times else max(times)
-    return score("fence", measured if not unfenced else None, "<=", targets.fence_seconds, " s",
-                 detail=f"alert -> drain, slowest of {len(times)}; not fenced in Slurm now: {unfenced or 'none'}")
+    return score(
+        "fence",
+        measured if not unfenced else None,
+        "<=",
+        targets.fence_seconds,
+        " s",
+        detail=f"alert -> drain, slowest of {len(times)}; not fenced in Slurm now: {unfenced or 'none'}",
+    )
 
 
 def resume_slo(report: IncidentReport, targets: Targets) -> Slo:
     """Alert observed -> the last of the node's jobs training again, verified off the node."""
     off_node = [j for j in report.jobs if j.verified and j.nodes_after and report.node not in j.nodes_after]
     measured = report.time_to_resume_seconds if report.jobs and len(off_node) == len(report.jobs) else None
-    return score("resume", measured, "<=", targets.resume_seconds, " s",
-                 detail="; ".join(f"job {j.job_id}: {','.join(j.nodes_before)} -> {','.join(j.nodes_after) or '-'}"
-                                  f"{'' if j.verified else ' NOT verified: ' + '; '.join(j.why_not)}"
-                                  for j in report.jobs) or "no job")
+    return score(
+        "resume",
+        measured,
+        "<=",
+        targets.resume_seconds,
+        " s",
+        detail="; ".join(
+            f"job {j.job_id}: {','.join(j.nodes_before)} -> {','.join(j.nodes_after) or '-'}"
+            f"{'' if j.verified else ' NOT verified: ' + '; '.join(j.why_not)}"
+            for j in report.jobs
+        )
+        or "no job",
+    )
 
 
 def lost_progress_slo(report: IncidentReport) -> Slo:
     """Steps lost, against the steps the job had made since its latest complete checkpoint (+1:
     the step in flight when the GPU went)."""
-    jobs = [j for j in report.jobs if j.lost_steps is not None and j.last_step_before_failure is not None
-            and j.latest_complete_step is not None]
+    jobs = [
+        j
+        for j in report.jobs
+        if j.lost_steps is not None and j.last_step_before_failure is not None and j.latest_complete_step is not None
+    ]
     if not jobs or len(jobs) != len(report.jobs):
         return score("lost_progress", None, "<=", 0, " steps", detail="no resumed job to measure")
     allowed = sum(j.last_step_before_failure - j.latest_complete_step + 1 for j in jobs)
-    return score("lost_progress", sum(j.lost_steps for j in jobs), "<=", allowed, " steps",
-                 detail="; ".join(f"job {j.job_id}: last step {j.last_step_before_failure}, latest complete "
-                                  f"checkpoint step {j.latest_complete_step}, resumed at {j.resumed_step}"
-                                  for j in jobs))
+    return score(
+        "lost_progress",
+        sum(j.lost_steps for j in jobs),
+        "<=",
+        allowed,
+        " steps",
+        detail="; ".join(
+            f"job {j.job_id}: last step {j.last_step_before_failure}, latest complete "
+            f"checkpoint step {j.latest_complete_step}, resumed at {j.resumed_step}"
+            for j in jobs
+        ),
+    )
 
 
 @dataclass
@@ -212,17 +253,29 @@ def side_effects_slo(found: SideEffects, spares_expected: int) -> Slo:
     """Every job requeued exactly once (Slurm's own restart count), every node drained once by its
     incident (the reason in Slurm names it), `spares_expected` spares claimed per incident, each
     claim visible once in Slurm."""
-    wrong = ([f"job {j} restarted {n}x" for j, n in found.requeues.items() if n != 1]
-             + [f"{i} drained {n}x" for i, n in found.drains.items() if n != 1]
-             + [f"{node}: reason does not name its incident" for node, ok in found.drain_reasons.items() if not ok]
-             + [f"{i} claimed {n} spare(s)" for i, n in found.spare_claims.items() if n > spares_expected]
-             + [f"{i}: {n} spare(s) carry its claim in Slurm" for i, n in found.spare_comments.items()
-                if n != found.spare_claims.get(i)])
+    wrong = (
+        [f"job {j} restarted {n}x" for j, n in found.requeues.items() if n != 1]
+        + [f"{i} drained {n}x" for i, n in found.drains.items() if n != 1]
+        + [f"{node}: reason does not name its incident" for node, ok in found.drain_reasons.items() if not ok]
+        + [f"{i} claimed {n} spare(s)" for i, n in found.spare_claims.items() if n > spares_expected]
+        + [
+            f"{i}: {n} spare(s) carry its claim in Slurm"
+            for i, n in found.spare_comments.items()
+            if n != found.spare_claims.get(i)
+        ]
+    )
     total_spares = sum(found.spare_claims.values())
-    measured = (f"requeues {sorted(set(found.requeues.values())) or '-'} per job, "
-                f"drains {sorted(set(found.drains.values()))} per incident, spares claimed {total_spares}")
-    return judged("side_effects_once", "1 requeue per job, 1 drain per incident, "
-                  f"<= {spares_expected} spare per incident", measured, not wrong, "; ".join(wrong) or "as expected")
+    measured = (
+        f"requeues {sorted(set(found.requeues.values())) or '-'} per job, "
+        f"drains {sorted(set(found.drains.values()))} per incident, spares claimed {total_spares}"
+    )
+    return judged(
+        "side_effects_once",
+        f"1 requeue per job, 1 drain per incident, <= {spares_expected} spare per incident",
+        measured,
+        not wrong,
+        "; ".join(wrong) or "as expected",
+    )
 
 
 async def activity_attempts(handle: WorkflowHandle, activity_type: str) -> int:
@@ -241,12 +294,21 @@ async def recovery_slos(game: GameDay, scenario: Scenario, result: DrillResult, 
     (no `spare` on standby) an explicit no_replacement."""
     report = result.report
     found = await side_effects(game.drill, [report], [result.job_id])
-    outcome = (judged("outcome", "recovered", report.outcome, report.outcome == "recovered") if spare else
-               judged("outcome", "no_replacement, said explicitly", report.outcome,
-                      report.outcome.startswith("no_replacement: ")))
-    return [detect_slo([report], scenario.targets), await fence_slo(game.drill, [report], scenario.targets),
-            resume_slo(report, scenario.targets), lost_progress_slo(report),
-            side_effects_slo(found, spares_expected=1 if spare else 0), outcome]
+    outcome = (
+        judged("outcome", "recovered", report.outcome, report.outcome == "recovered")
+        if spare
+        else judged(
+            "outcome", "no_replacement, said explicitly", report.outcome, report.outcome.startswith("no_replacement: ")
+        )
+    )
+    return [
+        detect_slo([report], scenario.targets),
+        await fence_slo(game.drill, [report], scenario.targets),
+        resume_slo(report, scenario.targets),
+        lost_progress_slo(report),
+        side_effects_slo(found, spares_expected=1 if spare else 0),
+        outcome,
+    ]
 
 
 # --- the scenarios -----------------------------------------------------------------------------
@@ -266,9 +328,17 @@ async def play_degrading(game: GameDay, scenario: Scenario) -> tuple[list[Slo], 
     grace = next((p for p in result.report.phases if p.name == "grace"), None)
     waited = (grace.ended_at - grace.started_at).total_seconds() if grace and grace.ended_at else None
     early = grace is not None and grace.result.endswith("checkpointed within the grace period")
-    return [*await recovery_slos(game, scenario, result),
-            score("grace_checkpoint", waited if early else None, "<=", 10.0, " s",
-                  detail=f"of 120 s: {grace.result if grace else 'no grace phase'}")], [await game.record(run, result.report)]
+    return [
+        *await recovery_slos(game, scenario, result),
+        score(
+            "grace_checkpoint",
+            waited if early else None,
+            "<=",
+            10.0,
+            " s",
+            detail=f"of 120 s: {grace.result if grace else 'no grace phase'}",
+        ),
+    ], [await game.record(run, result.report)]
 
 
 async def play_application(game: GameDay, scenario: Scenario) -> tuple[list[Slo], list[str]]:
@@ -281,8 +351,12 @@ async def play_application(game: GameDay, scenario: Scenario) -> tuple[list[Slo]
     counted = next((p.result for p in report.phases if p.name == "count_application_xids"), "not counted")
     return [
         detect_slo([report], scenario.targets),
-        drill_check_slo(result, "no node action", "no_node_action",
-                        f"below {game.policy.application_xid_threshold} XIDs: outcome no_node_action, node in service"),
+        drill_check_slo(
+            result,
+            "no node action",
+            "no_node_action",
+            f"below {game.policy.application_xid_threshold} XIDs: outcome no_node_action, node in service",
+        ),
         drill_check_slo(result, "job kept running", "job_untouched", "RUNNING, 0 restarts"),
         score("side_effects", len(report.actions), "==", 0, " actions", detail=counted),
     ], [await game.record(run, result.report)]
@@ -301,20 +375,30 @@ async def play_worker_crash(game: GameDay, scenario: Scenario) -> tuple[list[Slo
     attempts = await activity_attempts(job_recovery, "requeue_job")
     identities = await worker_identities(run.handle)
     finished_by_successor = any(i.startswith(f"{successor}@") for i in identities)
-    return [*await recovery_slos(game, scenario, result),
-            judged("taken_over", f"worker {successor} finished what worker {killed} began",
-                   "yes" if finished_by_successor else "no", finished_by_successor,
-                   detail=f"workers in the history: {', '.join(sorted(identities))}; "
-                          f"requeue_job started {attempts}x")], \
-        [await game.record(run, result.report)]
+    return [
+        *await recovery_slos(game, scenario, result),
+        judged(
+            "taken_over",
+            f"worker {successor} finished what worker {killed} began",
+            "yes" if finished_by_successor else "no",
+            finished_by_successor,
+            detail=f"workers in the history: {', '.join(sorted(identities))}; requeue_job started {attempts}x",
+        ),
+    ], [await game.record(run, result.report)]
 
 
 async def play_incomplete_checkpoint(game: GameDay, scenario: Scenario) -> tuple[list[Slo], list[str]]:
     run = await game.drill.start(DrillOptions(xid=79, corrupt_latest_checkpoint=True))
     result = await game.drill.finish(run, game.timeout)
-    return [*await recovery_slos(game, scenario, result),
-            drill_check_slo(result, "incomplete checkpoint skipped", "resumed_from_complete",
-                            "the newest COMPLETE checkpoint, the incomplete one skipped")], [await game.record(run, result.report)]
+    return [
+        *await recovery_slos(game, scenario, result),
+        drill_check_slo(
+            result,
+            "incomplete checkpoint skipped",
+            "resumed_from_complete",
+            "the newest COMPLETE checkpoint, the incomplete one skipped",
+        ),
+    ], [await game.record(run, result.report)]
 
 
 SPARE_UNAVAILABLE_REASON = "game day: spare under maintenance"
@@ -346,8 +430,11 @@ async def play_storm(game: GameDay, scenario: Scenario) -> tuple[list[Slo], list
         run_dirs[await drill.submit_reference_job(run_dir, opts)] = run_dir
     jobs = [await wait_async(lambda j=j: drill._running(j), 60, f"job {j} to run") for j in run_dirs]
     for run_dir in run_dirs.values():
-        await wait_async(lambda d=run_dir: drill._complete_checkpoints(d, opts.checkpoints_before_failure), 120,
-                         f"complete checkpoints in {run_dir}")
+        await wait_async(
+            lambda d=run_dir: drill._complete_checkpoints(d, opts.checkpoints_before_failure),
+            120,
+            f"complete checkpoints in {run_dir}",
+        )
     busy = {n for j in jobs for n in j.nodes}
     idle = [n.name for n in await drill.slurm.list_nodes() if n.name not in busy and n.name not in drill.spare_nodes]
     # Slurm may pack both jobs onto the same nodes: one failing node per distinct set of nodes.
@@ -359,18 +446,30 @@ async def play_storm(game: GameDay, scenario: Scenario) -> tuple[list[Slo], list
         drill.inject_fault(node, opts.xid, gpu_lost=True)
     for run_dir in run_dirs.values():
         await wait_async(lambda d=run_dir: drill._stalled(d), 30, "the jobs to stall on their lost GPUs")
-    game.say(f"storm: XID 79 on {len(failing)} nodes at once ({', '.join(failing)}); jobs {', '.join(map(str, run_dirs))}")
-    alerts = [NodeFailureAlert(node=node, xid=opts.xid, source="drill", actor=f"game day by {getpass.getuser()}",
-                               reason=f"storm: injected XID {opts.xid} on {node}", message="NVRM: Xid (game day)")
-              for node in failing]
+    game.say(
+        f"storm: XID 79 on {len(failing)} nodes at once ({', '.join(failing)}); jobs {', '.join(map(str, run_dirs))}"
+    )
+    alerts = [
+        NodeFailureAlert(
+            node=node,
+            xid=opts.xid,
+            source="drill",
+            actor=f"game day by {getpass.getuser()}",
+            reason=f"storm: injected XID {opts.xid} on {node}",
+            message="NVRM: Xid (game day)",
+        )
+        for node in failing
+    ]
     handles = await asyncio.gather(*(raise_alert(game.client, a, drill.stack.task_queue, drill.policy) for a in alerts))
     breaker = await operate_breaker(game, handles) if drill.policy.fleet_budget else None
     reports = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), game.timeout)
     for job_id in run_dirs:
         await drill.slurm.run("scancel", str(job_id))
 
-    query = (f"WorkflowType = 'NodeRecoveryWorkflow' AND TaskQueue = '{drill.stack.task_queue}' "
-             f"AND StartTime >= '{started:%Y-%m-%dT%H:%M:%SZ}'")
+    query = (
+        f"WorkflowType = 'NodeRecoveryWorkflow' AND TaskQueue = '{drill.stack.task_queue}' "
+        f"AND StartTime >= '{started:%Y-%m-%dT%H:%M:%SZ}'"
+    )
     opened = [wf.id async for wf in game.client.list_workflows(query)]
     handled = [r for r in reports if r.outcome == "recovered" or r.outcome.startswith("no_replacement: ")]
     with_jobs = [r for r in reports if r.jobs]
@@ -378,25 +477,42 @@ async def play_storm(game: GameDay, scenario: Scenario) -> tuple[list[Slo], list
     resumed = {j.job_id for r in with_jobs for j in r.jobs if j.verified}
     found = await side_effects(drill, reports, list(run_dirs))
     slos = [
-        judged("incidents", f"{len(failing)}, one per node", str(len(opened)),
-               sorted(opened) == sorted(h.id for h in handles) and len(set(opened)) == len(failing),
-               detail=f"NodeRecoveryWorkflow runs started since the storm began: {len(opened)}"),
-        judged("handled", f"each of {len(failing)} recovered or no_replacement", str(len(handled)),
-               len(handled) == len(failing),
-               detail="; ".join(f"{r.node}: {r.outcome}" for r in reports if r not in handled) or
-               f"{sum(r.outcome == 'recovered' for r in reports)} recovered, "
-               f"{sum(r.outcome.startswith('no_replacement') for r in reports)} no_replacement"),
+        judged(
+            "incidents",
+            f"{len(failing)}, one per node",
+            str(len(opened)),
+            sorted(opened) == sorted(h.id for h in handles) and len(set(opened)) == len(failing),
+            detail=f"NodeRecoveryWorkflow runs started since the storm began: {len(opened)}",
+        ),
+        judged(
+            "handled",
+            f"each of {len(failing)} recovered or no_replacement",
+            str(len(handled)),
+            len(handled) == len(failing),
+            detail="; ".join(f"{r.node}: {r.outcome}" for r in reports if r not in handled)
+            or f"{sum(r.outcome == 'recovered' for r in reports)} recovered, "
+            f"{sum(r.outcome.startswith('no_replacement') for r in reports)} no_replacement",
+        ),
         detect_slo(reports, scenario.targets),
         await fence_slo(drill, reports, scenario.targets),
         *[resume_slo(r, scenario.targets).model_copy(update={"name": f"resume {r.node}"}) for r in with_jobs],
         *[lost_progress_slo(r).model_copy(update={"name": f"lost_progress {r.node}"}) for r in with_jobs],
-        judged("jobs_resumed", f"all {len(run_dirs)}, verified off their failed node",
-               str(len(resumed & set(run_dirs))), set(run_dirs) <= resumed,
-               detail=f"jobs {sorted(run_dirs)} on {', '.join(sorted({n for j in jobs for n in j.nodes}))}"),
+        judged(
+            "jobs_resumed",
+            f"all {len(run_dirs)}, verified off their failed node",
+            str(len(resumed & set(run_dirs))),
+            set(run_dirs) <= resumed,
+            detail=f"jobs {sorted(run_dirs)} on {', '.join(sorted({n for j in jobs for n in j.nodes}))}",
+        ),
         side_effects_slo(found, spares_expected=1),
-        score("spares_claimed", sum(found.spare_claims.values()), "==", min(len(drill.spare_nodes), len(claimants)),
-              detail="each hot spare claimed by exactly one incident with a job on its node"
-              + (" or none" if drill.policy.spare_for_idle_node else "; the idle nodes' incidents keep them")),
+        score(
+            "spares_claimed",
+            sum(found.spare_claims.values()),
+            "==",
+            min(len(drill.spare_nodes), len(claimants)),
+            detail="each hot spare claimed by exactly one incident with a job on its node"
+            + (" or none" if drill.policy.spare_for_idle_node else "; the idle nodes' incidents keep them"),
+        ),
     ]
     if any(p.name == "budget" for r in reports for p in r.phases):
         slos.append(await budget_slo(game, started))
@@ -437,14 +553,24 @@ async def operate_breaker(game: GameDay, handles: list[WorkflowHandle]) -> Slo:
     counted, reason, resets = len(status.fenced_in_window), status.breaker.reason if status.breaker else "", 0
     while status.breaker is not None and status.fence_held and resets < 5:
         # A reset lets `limit` more be fenced: a storm past twice the limit trips it again.
-        status = await reset_breaker(game.client, game.stack.operator_signer(),
-                                     f"storm drill: {len(handles)} injected failures, all real", workflow_id=budget_id)
+        status = await reset_breaker(
+            game.client,
+            game.stack.operator_signer(),
+            f"storm drill: {len(handles)} injected failures, all real",
+            workflow_id=budget_id,
+        )
         resets += 1
-    game.say(f"breaker: tripped at {counted} of {limit} nodes fenced in its window, held {len(held)} "
-             f"({len(drained)} drained); reset {resets} time(s)")
-    return judged("breaker_held", f"held past its limit of {limit} nodes fenced, none drained, until reset",
-                  f"{len(held)} held, {len(drained)} drained",
-                  counted <= limit and not drained and status.breaker is None, detail=reason)
+    game.say(
+        f"breaker: tripped at {counted} of {limit} nodes fenced in its window, held {len(held)} "
+        f"({len(drained)} drained); reset {resets} time(s)"
+    )
+    return judged(
+        "breaker_held",
+        f"held past its limit of {limit} nodes fenced, none drained, until reset",
+        f"{len(held)} held, {len(drained)} drained",
+        counted <= limit and not drained and status.breaker is None,
+        detail=reason,
+    )
 
 
 async def budget_slo(game: GameDay, since: datetime) -> Slo:
@@ -453,39 +579,80 @@ async def budget_slo(game: GameDay, since: datetime) -> Slo:
     local cluster (K nodes, and the share of its one partition)."""
     from workflows.fleet_budget import FleetBudgetWorkflow, fleet_budget_workflow_id
 
-    budget = game.client.get_workflow_handle_for(FleetBudgetWorkflow.run,
-                                                 fleet_budget_workflow_id(game.stack.task_queue))
+    budget = game.client.get_workflow_handle_for(
+        FleetBudgetWorkflow.run, fleet_budget_workflow_id(game.stack.task_queue)
+    )
     policy = (await budget.query(FleetBudgetWorkflow.status)).policy
     events = [e for e in await budget.query(FleetBudgetWorkflow.timeline) if e.at >= since]
     size = len(await game.drill.slurm.list_nodes())
     limit = min(policy.max_nodes, policy.partition_share(LOCAL_PARTITION, size))
     granted = sum(e.kind == "granted" for e in events)
-    return score("budget_respected", max((e.holders for e in events), default=0), "<=", limit, " nodes",
-                 detail=f"K={policy.max_nodes}, partition {LOCAL_PARTITION}: {limit} of {size}; "
-                        f"{granted} lease(s) granted, {sum(e.kind == 'queued' for e in events)} queued")
+    return score(
+        "budget_respected",
+        max((e.holders for e in events), default=0),
+        "<=",
+        limit,
+        " nodes",
+        detail=f"K={policy.max_nodes}, partition {LOCAL_PARTITION}: {limit} of {size}; "
+        f"{granted} lease(s) granted, {sum(e.kind == 'queued' for e in events)} queued",
+    )
 
 
 # deploy/local/slurm-cluster.sh puts every node in one partition.
 LOCAL_PARTITION = "gpu"
 
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
-    Scenario("xid79-fatal", "a GPU falls off the bus under a training job: recovered onto a hot spare",
-             "XID 79 (GPU lost) on a node of the 2-node reference job", play_fatal),
-    Scenario("xid94-degrading", "a degrading GPU: the job checkpoints in the grace period, then moves",
-             "XID 94 (contained ECC error) with a 120 s grace period", play_degrading),
-    Scenario("xid13-application", "an application fault below the threshold: node and job left alone",
-             "XID 13 (graphics engine exception) once", play_application),
-    Scenario("worker-crash", "the worker is SIGKILLed mid-incident: a new one finishes it, nothing twice",
-             "XID 79, then SIGKILL of the worker once requeue_job has started", play_worker_crash),
-    Scenario("incomplete-checkpoint", "the newest checkpoint is incomplete: resume from the one before",
-             "XID 79 after truncating a file of the newest complete checkpoint", play_incomplete_checkpoint),
-    Scenario("no-spare", "no hot spare on standby: explicit no_replacement, the job still resumes elsewhere",
-             "XID 79 with every spare drained for maintenance", play_no_spare),
-    Scenario("storm-20", f"{STORM_FAILURES} nodes fail at once: one incident each, every one recovered or "
-             "explicitly without replacement", f"XID 79 on {STORM_FAILURES} of 24 compute nodes (2 running jobs), "
-             "2 hot spares", play_storm, targets=STORM_TARGETS, nodes=24, spares=2),
-]}
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in [
+        Scenario(
+            "xid79-fatal",
+            "a GPU falls off the bus under a training job: recovered onto a hot spare",
+            "XID 79 (GPU lost) on a node of the 2-node reference job",
+            play_fatal,
+        ),
+        Scenario(
+            "xid94-degrading",
+            "a degrading GPU: the job checkpoints in the grace period, then moves",
+            "XID 94 (contained ECC error) with a 120 s grace period",
+            play_degrading,
+        ),
+        Scenario(
+            "xid13-application",
+            "an application fault below the threshold: node and job left alone",
+            "XID 13 (graphics engine exception) once",
+            play_application,
+        ),
+        Scenario(
+            "worker-crash",
+            "the worker is SIGKILLed mid-incident: a new one finishes it, nothing twice",
+            "XID 79, then SIGKILL of the worker once requeue_job has started",
+            play_worker_crash,
+        ),
+        Scenario(
+            "incomplete-checkpoint",
+            "the newest checkpoint is incomplete: resume from the one before",
+            "XID 79 after truncating a file of the newest complete checkpoint",
+            play_incomplete_checkpoint,
+        ),
+        Scenario(
+            "no-spare",
+            "no hot spare on standby: explicit no_replacement, the job still resumes elsewhere",
+            "XID 79 with every spare drained for maintenance",
+            play_no_spare,
+        ),
+        Scenario(
+            "storm-20",
+            f"{STORM_FAILURES} nodes fail at once: one incident each, every one recovered or "
+            "explicitly without replacement",
+            f"XID 79 on {STORM_FAILURES} of 24 compute nodes (2 running jobs), 2 hot spares",
+            play_storm,
+            targets=STORM_TARGETS,
+            nodes=24,
+            spares=2,
+        ),
+    ]
+}
 
 
 def scenario_names(name: str) -> list[str]:
@@ -519,9 +686,16 @@ class GameDay:
     """Runs scenarios on a local stack whose Temporal dev server is up (the cluster and worker are
     (re)started at each scenario's size); `save_history` keeps each incident's history."""
 
-    def __init__(self, client: Client, stack: LocalStack, policy: RecoveryPolicy, xid_table: XidPolicyTable,
-                 say: Callable[[str], None] = lambda _: None, timeout: float = 600.0,
-                 save_history: Path | None = None):
+    def __init__(
+        self,
+        client: Client,
+        stack: LocalStack,
+        policy: RecoveryPolicy,
+        xid_table: XidPolicyTable,
+        say: Callable[[str], None] = lambda _: None,
+        timeout: float = 600.0,
+        save_history: Path | None = None,
+    ):
         self.client, self.stack, self.policy, self.xid_table = client, stack, policy, xid_table
         self.say, self.timeout, self.save_history = say, timeout, save_history
         self.cluster: dict[str, str] = {}
@@ -541,8 +715,10 @@ class GameDay:
             slos, incidents = await scenario.play(self, scenario)
         except Exception as e:  # one scenario that cannot finish does not stop the others
             self.say(traceback.format_exc())
-            slos, incidents = [judged("completed", "the scenario runs to its end", f"{type(e).__name__}: {e}",
-                                      False)], []
+            slos, incidents = (
+                [judged("completed", "the scenario runs to its end", f"{type(e).__name__}: {e}", False)],
+                [],
+            )
         result = result_of(scenario, slos, incidents, round(loop.time() - began, 1))
         self.say(f"game day: {scenario.name}: {'passed' if result.passed else 'MISSED'}")
         if self.save_history is not None and result.passed:  # only verified incidents become fixtures
@@ -567,7 +743,9 @@ class GameDay:
             await asyncio.to_thread(self.stack.stop_worker)
         self.cluster = cluster
         self.stack.start_worker(cluster)
-        policy = self.policy.model_copy(update={"spare_nodes": [n for n in cluster["SLURM_SPARE_NODES"].split(",") if n]})
+        policy = self.policy.model_copy(
+            update={"spare_nodes": [n for n in cluster["SLURM_SPARE_NODES"].split(",") if n]}
+        )
         self.drill = Drill(self.client, self.stack, cluster, policy, self.xid_table, say=self.say)
 
     async def record(self, run: DrillRun, report: IncidentReport) -> str:
@@ -576,8 +754,9 @@ class GameDay:
         return report.incident_id
 
 
-async def save_histories(client: Client, label: str, incident: WorkflowHandle, report: IncidentReport,
-                         directory: Path) -> list[Path]:
+async def save_histories(
+    client: Client, label: str, incident: WorkflowHandle, report: IncidentReport, directory: Path
+) -> list[Path]:
     """Write the incident's history, its return-to-service watcher's if it started one and, if
     it took a lease, the fleet budget's, as `<label>.<WorkflowType>.json` (Temporal's JSON history,
     as `temporal workflow show -o json` prints it): the fixtures tests/replay replays against the
@@ -606,5 +785,7 @@ async def signalled_workflows(handle: WorkflowHandle) -> list[str]:
     found = []
     async for event in handle.fetch_history_events():
         if event.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED:
-            found.append(event.signal_external_workflow_execution_initiated_event_attributes.workflow_execution.workflow_id)
+            found.append(
+                event.signal_external_workflow_execution_initiated_event_attributes.workflow_execution.workflow_id
+            )
     return list(dict.fromkeys(found))

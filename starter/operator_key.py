@@ -41,8 +41,16 @@ def load_signing_key(path: Path) -> Ed25519PrivateKey:
     return key
 
 
-def sign(key: Ed25519PrivateKey, kind: str, workflow_id: str, run_id: str, subject: str, actor: str,
-         reason: str, now: datetime | None = None) -> OperatorSignature:
+def sign(
+    key: Ed25519PrivateKey,
+    kind: str,
+    workflow_id: str,
+    run_id: str,
+    subject: str,
+    actor: str,
+    reason: str,
+    now: datetime | None = None,
+) -> OperatorSignature:
     signed_at = now or utc_now()
     message = signed_bytes(kind, workflow_id, run_id, subject, actor, reason, signed_at.isoformat())
     return OperatorSignature(signed_at=signed_at, value=base64.b64encode(key.sign(message)).decode())
@@ -62,8 +70,10 @@ class OperatorSigner:
 def operator_signer(key_file: Path | None, actor: str) -> OperatorSigner:
     """The CLI's signer; ValueError without a usable key (RECOVERY_OPERATOR_KEY_FILE)."""
     if key_file is None:
-        raise ValueError("RECOVERY_OPERATOR_KEY_FILE is not set: an operator decision is signed with the "
-                         "operator's key (docs/security.md, \"Verified operators\")")
+        raise ValueError(
+            "RECOVERY_OPERATOR_KEY_FILE is not set: an operator decision is signed with the "
+            'operator\'s key (docs/security.md, "Verified operators")'
+        )
     return OperatorSigner(actor=actor, key=load_signing_key(key_file))
 
 

@@ -28,8 +28,16 @@ ROW = 24
 BAR = 14
 PLOT_WIDTH = WIDTH - LABEL_WIDTH - RIGHT_MARGIN
 CHARACTER_WIDTH = 7  # about, at the notes' 12 px
-COLOURS = {"phase": "#3b6fb6", "skipped": "#9aa5b1", "replacement": "#d9822b", "resume": "#2e8b57",
-           "trained": "#9cc3e6", "lost": "#c0392b", "checkpoint": "#1d5d2f", "failure": "#c0392b"}
+COLOURS = {
+    "phase": "#3b6fb6",
+    "skipped": "#9aa5b1",
+    "replacement": "#d9822b",
+    "resume": "#2e8b57",
+    "trained": "#9cc3e6",
+    "lost": "#c0392b",
+    "checkpoint": "#1d5d2f",
+    "failure": "#c0392b",
+}
 _STEP_OF_CHECKPOINT = re.compile(r"(\d+)$")
 
 
@@ -51,13 +59,19 @@ def render_report_html(report: IncidentReport) -> str:
 <body>
 <header>
 <h1>Incident {escape(report.incident_id)}</h1>
-<p class="outcome {'good' if report.outcome in ('recovered', 'no_node_action') else 'bad'}">{escape(report.outcome)}</p>
+<p class="outcome {"good" if report.outcome in ("recovered", "no_node_action") else "bad"}">{escape(report.outcome)}</p>
 </header>
 {_summary(report)}
 <section id="timeline"><h2>Wall clock since the failure</h2>
 {_time_svg(report)}
-<p class="legend">{_legend(("phase", "phase"), ("skipped", "phase skipped"), ("replacement", "node replacement"),
-                           ("resume", "time to resume"))}</p>
+<p class="legend">{
+        _legend(
+            ("phase", "phase"),
+            ("skipped", "phase skipped"),
+            ("replacement", "node replacement"),
+            ("resume", "time to resume"),
+        )
+    }</p>
 </section>
 <section id="progress"><h2>Training progress</h2>
 <p>Counted in training steps, apart from the wall clock above: what a job lost is the training between
@@ -80,13 +94,20 @@ the checkpoint it resumed from and the last step it had reached.</p>
 
 
 def _summary(r: IncidentReport) -> str:
-    lost = ("-" if r.lost_steps is None else
-            f"{r.lost_steps} steps, {_seconds(r.lost_seconds)} of training"
-            f" (resumed at step {_value(r.resumed_step)}, latest complete checkpoint step {_value(r.latest_complete_step)})")
+    lost = (
+        "-"
+        if r.lost_steps is None
+        else f"{r.lost_steps} steps, {_seconds(r.lost_seconds)} of training"
+        f" (resumed at step {_value(r.resumed_step)}, latest complete checkpoint step {_value(r.latest_complete_step)})"
+    )
     rows = [
-        ("node", r.node), ("XID", f"{r.xid} ({r.fault_class.value})"), ("action", r.action),
-        ("failure at", _time(r.failure_at)), ("spare", r.spare_node or "-"),
-        ("node replacement", _seconds(r.replacement_seconds)), ("time to resume", _seconds(r.time_to_resume_seconds)),
+        ("node", r.node),
+        ("XID", f"{r.xid} ({r.fault_class.value})"),
+        ("action", r.action),
+        ("failure at", _time(r.failure_at)),
+        ("spare", r.spare_node or "-"),
+        ("node replacement", _seconds(r.replacement_seconds)),
+        ("time to resume", _seconds(r.time_to_resume_seconds)),
         ("lost training progress", lost),
     ]
     items = "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in rows)
@@ -99,20 +120,28 @@ def _summary(r: IncidentReport) -> str:
 def _time_svg(r: IncidentReport) -> str:
     spans = [(_offset(r, p.started_at), _offset(r, p.ended_at) if p.ended_at else None) for p in r.phases]
     ends = [end for _, end in spans if end is not None] + [
-        s for s in (r.replacement_seconds, r.time_to_resume_seconds) if s is not None]
+        s for s in (r.replacement_seconds, r.time_to_resume_seconds) if s is not None
+    ]
     start = min([0.0] + [s for s, _ in spans])
     scale = _Scale(start, max([1.0] + ends), PLOT_WIDTH)
     rows: list[str] = []
     for (begin, end), phase in zip(spans, r.phases):
         rows.append(_phase_row(len(rows), phase, begin, end, scale))
     for css, label, seconds, what in (
-        ("replacement", "node replacement", r.replacement_seconds, f"failure to spare {r.spare_node or '-'} in service"),
+        (
+            "replacement",
+            "node replacement",
+            r.replacement_seconds,
+            f"failure to spare {r.spare_node or '-'} in service",
+        ),
         ("resume", "time to resume", r.time_to_resume_seconds, "failure to training again"),
     ):
         rows.append(_interval_row(len(rows), css, label, seconds, what, scale))
     height = len(rows) * ROW
-    failure = (f'<line class="failure" x1="{scale.x(0):.1f}" x2="{scale.x(0):.1f}" y1="0" y2="{height}" '
-               f'stroke="{COLOURS["failure"]}" stroke-dasharray="4 3"><title>the failure</title></line>')
+    failure = (
+        f'<line class="failure" x1="{scale.x(0):.1f}" x2="{scale.x(0):.1f}" y1="0" y2="{height}" '
+        f'stroke="{COLOURS["failure"]}" stroke-dasharray="4 3"><title>the failure</title></line>'
+    )
     return _svg(rows, failure, _axis(scale, height, "s"), height)
 
 
@@ -122,22 +151,30 @@ def _phase_row(index: int, phase: Phase, begin: float, end: float | None, scale:
     x, width = scale.x(begin), scale.width(begin, end if end is not None else begin)
     duration = "running" if end is None else _seconds(end - begin)
     fill = COLOURS["skipped"] if skipped else COLOURS["phase"]
-    mark = (f'<rect x="{x - 1:.1f}" y="{_bar_y(index)}" width="3" height="{BAR}" fill="{fill}"/>' if skipped else
-            f'<rect x="{x:.1f}" y="{_bar_y(index)}" width="{max(width, 2):.1f}" height="{BAR}" fill="{fill}"/>')
+    mark = (
+        f'<rect x="{x - 1:.1f}" y="{_bar_y(index)}" width="3" height="{BAR}" fill="{fill}"/>'
+        if skipped
+        else f'<rect x="{x:.1f}" y="{_bar_y(index)}" width="{max(width, 2):.1f}" height="{BAR}" fill="{fill}"/>'
+    )
     note = f'<text x="{x + max(width, 2) + 6:.1f}" y="{_text_y(index)}" class="note">{escape(duration)}</text>'
-    return (f'<g class="{css}" data-phase="{escape(phase.name)}" data-start="{begin:.3f}" '
-            f'data-duration="{"" if end is None else f"{end - begin:.3f}"}">'
-            f'<title>{escape(phase.name)}: {escape(duration)}; {escape(phase.result)}</title>'
-            f'{_label(index, phase.name)}{mark}{note}</g>')
+    return (
+        f'<g class="{css}" data-phase="{escape(phase.name)}" data-start="{begin:.3f}" '
+        f'data-duration="{"" if end is None else f"{end - begin:.3f}"}">'
+        f"<title>{escape(phase.name)}: {escape(duration)}; {escape(phase.result)}</title>"
+        f"{_label(index, phase.name)}{mark}{note}</g>"
+    )
 
 
 def _interval_row(index: int, css: str, label: str, seconds: float | None, what: str, scale: _Scale) -> str:
     if seconds is None:
         return f'<g class="{css} unknown">{_label(index, label)}{_note(index, scale.x(0) + 6, "not measured")}</g>'
     x, width = scale.x(0), scale.width(0, seconds)
-    return (f'<g class="{css}" data-seconds="{seconds:.3f}"><title>{escape(label)}: {_seconds(seconds)} ({escape(what)})</title>'
-            f'{_label(index, label)}<rect class="{css}" x="{x:.1f}" y="{_bar_y(index)}" width="{max(width, 2):.1f}" '
-            f'height="{BAR}" fill="{COLOURS[css]}"/>{_note(index, x + max(width, 2) + 6, _seconds(seconds))}</g>')
+    return (
+        f'<g class="{css}" data-seconds="{seconds:.3f}">'
+        f"<title>{escape(label)}: {_seconds(seconds)} ({escape(what)})</title>"
+        f'{_label(index, label)}<rect class="{css}" x="{x:.1f}" y="{_bar_y(index)}" width="{max(width, 2):.1f}" '
+        f'height="{BAR}" fill="{COLOURS[css]}"/>{_note(index, x + max(width, 2) + 6, _seconds(seconds))}</g>'
+    )
 
 
 # --- training progress --------------------------------------------------------------------------
@@ -151,21 +188,36 @@ def _job_progress(job: JobReport) -> str:
     skipped = [(s.checkpoint_id, _checkpoint_step(s.checkpoint_id), s.why) for s in job.skipped_checkpoints]
     steps = [job.last_step_before_failure, job.resumed_step] + [step for _, step, _ in skipped if step is not None]
     scale = _Scale(0, max(max(steps), 1), PLOT_WIDTH)
-    trained = (f'<g class="trained">{_label(0, "trained before the failure")}'
-               f'<rect x="{scale.x(0):.1f}" y="{_bar_y(0)}" width="{scale.width(0, job.last_step_before_failure):.1f}" '
-               f'height="{BAR}" fill="{COLOURS["trained"]}"/>'
-               f'{_note(0, scale.x(job.last_step_before_failure) + 6, f"step {job.last_step_before_failure}")}</g>')
+    trained = (
+        f'<g class="trained">{_label(0, "trained before the failure")}'
+        f'<rect x="{scale.x(0):.1f}" y="{_bar_y(0)}" width="{scale.width(0, job.last_step_before_failure):.1f}" '
+        f'height="{BAR}" fill="{COLOURS["trained"]}"/>'
+        f"{_note(0, scale.x(job.last_step_before_failure) + 6, f'step {job.last_step_before_failure}')}</g>"
+    )
     lost_width = scale.width(job.resumed_step, job.last_step_before_failure)
     lost_text = f"lost {_value(job.lost_steps)} steps, {_seconds(job.lost_seconds)} of training"
-    lost = (f'<g class="lost" data-steps="{_value(job.lost_steps)}" data-seconds="{_value(job.lost_seconds)}">'
-            f'<title>{escape(lost_text)}</title>{_label(1, "lost progress")}'
-            f'<rect class="lost-progress" x="{scale.x(job.resumed_step):.1f}" y="{_bar_y(1)}" '
-            f'width="{max(lost_width, 2):.1f}" height="{BAR}" fill="url(#hatch)" stroke="{COLOURS["lost"]}"/>'
-            f'{_note_beside(1, scale.x(job.resumed_step), scale.x(job.resumed_step) + max(lost_width, 2), lost_text)}</g>')
-    marks = [_checkpoint_mark(2, "resumed", f"step-{job.resumed_step:09d}", job.resumed_step,
-                              f"resumed from step {job.resumed_step}", scale)]
-    marks += [_checkpoint_mark(2, "skipped", checkpoint_id, step, f"skipped {checkpoint_id}: {why}", scale)
-              for checkpoint_id, step, why in skipped if step is not None]
+    lost = (
+        f'<g class="lost" data-steps="{_value(job.lost_steps)}" data-seconds="{_value(job.lost_seconds)}">'
+        f"<title>{escape(lost_text)}</title>{_label(1, 'lost progress')}"
+        f'<rect class="lost-progress" x="{scale.x(job.resumed_step):.1f}" y="{_bar_y(1)}" '
+        f'width="{max(lost_width, 2):.1f}" height="{BAR}" fill="url(#hatch)" stroke="{COLOURS["lost"]}"/>'
+        f"{_note_beside(1, scale.x(job.resumed_step), scale.x(job.resumed_step) + max(lost_width, 2), lost_text)}</g>"
+    )
+    marks = [
+        _checkpoint_mark(
+            2,
+            "resumed",
+            f"step-{job.resumed_step:09d}",
+            job.resumed_step,
+            f"resumed from step {job.resumed_step}",
+            scale,
+        )
+    ]
+    marks += [
+        _checkpoint_mark(2, "skipped", checkpoint_id, step, f"skipped {checkpoint_id}: {why}", scale)
+        for checkpoint_id, step, why in skipped
+        if step is not None
+    ]
     checkpoints = f'<g class="checkpoints">{_label(2, "checkpoints")}{"".join(marks)}</g>'
     height = 3 * ROW
     return title + _svg([trained, lost, checkpoints], "", _axis(scale, height, " steps"), height)
@@ -175,15 +227,22 @@ def _checkpoint_mark(index: int, kind: str, checkpoint_id: str, step: int, text:
     x, y = scale.x(step), _bar_y(index) + BAR / 2
     if kind == "resumed":
         r = BAR / 2
-        shape = (f'<polygon points="{x:.1f},{y - r:.1f} {x + r:.1f},{y:.1f} {x:.1f},{y + r:.1f} {x - r:.1f},{y:.1f}" '
-                 f'fill="{COLOURS["checkpoint"]}"/>')
+        shape = (
+            f'<polygon points="{x:.1f},{y - r:.1f} {x + r:.1f},{y:.1f} {x:.1f},{y + r:.1f} {x - r:.1f},{y:.1f}" '
+            f'fill="{COLOURS["checkpoint"]}"/>'
+        )
     else:
         r = BAR / 2 - 1
-        shape = (f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r:.1f}" fill="white" stroke="{COLOURS["lost"]}" stroke-width="2"/>'
-                 f'<path d="M{x - 3:.1f},{y - 3:.1f} L{x + 3:.1f},{y + 3:.1f} M{x - 3:.1f},{y + 3:.1f} L{x + 3:.1f},{y - 3:.1f}" '
-                 f'stroke="{COLOURS["lost"]}" stroke-width="2"/>')
-    return (f'<g class="checkpoint {kind}" data-checkpoint="{escape(checkpoint_id)}" data-step="{step}">'
-            f'<title>{escape(text)}</title>{shape}</g>')
+        shape = (
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r:.1f}" fill="white" stroke="{COLOURS["lost"]}" stroke-width="2"/>'
+            f'<path d="M{x - 3:.1f},{y - 3:.1f} L{x + 3:.1f},{y + 3:.1f} '
+            f'M{x - 3:.1f},{y + 3:.1f} L{x + 3:.1f},{y - 3:.1f}" '
+            f'stroke="{COLOURS["lost"]}" stroke-width="2"/>'
+        )
+    return (
+        f'<g class="checkpoint {kind}" data-checkpoint="{escape(checkpoint_id)}" data-step="{step}">'
+        f"<title>{escape(text)}</title>{shape}</g>"
+    )
 
 
 def _checkpoint_step(checkpoint_id: str) -> int | None:
@@ -217,22 +276,29 @@ class _Scale:
 
 def _svg(rows: list[str], overlay: str, axis: str, height: int) -> str:
     total = height + 30
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{total}" viewBox="0 0 {WIDTH} {total}" '
-            f'role="img">{_HATCH}{"".join(rows)}{overlay}{axis}</svg>')
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{total}" viewBox="0 0 {WIDTH} {total}" '
+        f'role="img">{_HATCH}{"".join(rows)}{overlay}{axis}</svg>'
+    )
 
 
 def _axis(scale: _Scale, y: int, unit: str) -> str:
     ticks = "".join(
         f'<line x1="{scale.x(t):.1f}" x2="{scale.x(t):.1f}" y1="{y}" y2="{y + 5}" stroke="#444"/>'
         f'<text x="{scale.x(t):.1f}" y="{y + 18}" text-anchor="middle" class="tick">{t:g}{unit}</text>'
-        for t in scale.ticks())
-    return (f'<g class="axis"><line x1="{LABEL_WIDTH}" x2="{LABEL_WIDTH + PLOT_WIDTH}" y1="{y}" y2="{y}" '
-            f'stroke="#444"/>{ticks}</g>')
+        for t in scale.ticks()
+    )
+    return (
+        f'<g class="axis"><line x1="{LABEL_WIDTH}" x2="{LABEL_WIDTH + PLOT_WIDTH}" y1="{y}" y2="{y}" '
+        f'stroke="#444"/>{ticks}</g>'
+    )
 
 
-_HATCH = ('<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
-          'patternTransform="rotate(45)"><rect width="6" height="6" fill="#f6d5d1"/>'
-          f'<line x1="0" y1="0" x2="0" y2="6" stroke="{COLOURS["lost"]}" stroke-width="2"/></pattern></defs>')
+_HATCH = (
+    '<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
+    'patternTransform="rotate(45)"><rect width="6" height="6" fill="#f6d5d1"/>'
+    f'<line x1="0" y1="0" x2="0" y2="6" stroke="{COLOURS["lost"]}" stroke-width="2"/></pattern></defs>'
+)
 
 
 def _bar_y(index: int) -> float:
@@ -259,8 +325,9 @@ def _note_beside(index: int, start: float, end: float, text: str) -> str:
 
 
 def _legend(*entries: tuple[str, str]) -> str:
-    return " ".join(f'<span class="swatch" style="background:{COLOURS[colour]}"></span>{escape(text)}'
-                    for colour, text in entries)
+    return " ".join(
+        f'<span class="swatch" style="background:{COLOURS[colour]}"></span>{escape(text)}' for colour, text in entries
+    )
 
 
 # --- tables -------------------------------------------------------------------------------------
@@ -275,20 +342,49 @@ def _table(section_id: str, title: str, header: tuple[str, ...], rows: list[tupl
 
 
 def _phase_table(r: IncidentReport) -> str:
-    rows = [(p.name, _seconds(_offset(r, p.started_at)),
-             "running" if p.ended_at is None else _seconds((p.ended_at - p.started_at).total_seconds()), p.result)
-            for p in r.phases]
+    rows = [
+        (
+            p.name,
+            _seconds(_offset(r, p.started_at)),
+            "running" if p.ended_at is None else _seconds((p.ended_at - p.started_at).total_seconds()),
+            p.result,
+        )
+        for p in r.phases
+    ]
     return _table("phases", "Phases", ("phase", "start", "duration", "result"), rows)
 
 
 def _jobs_table(r: IncidentReport) -> str:
-    rows = [(j.job_id, ", ".join(j.nodes_before), ", ".join(j.nodes_after) or "-", j.restart_count,
-             _value(j.resumed_step), _value(j.lost_steps), _seconds(j.lost_seconds),
-             "; ".join(f"{s.checkpoint_id} ({s.why})" for s in j.skipped_checkpoints) or "-",
-             "verified" if j.verified else "NOT verified: " + "; ".join(j.why_not))
-            for j in r.jobs]
-    return _table("jobs", "Jobs", ("job", "nodes before", "nodes after", "restarts", "resumed at step", "lost steps",
-                                   "lost training", "skipped checkpoints", "verification"), rows)
+    rows = [
+        (
+            j.job_id,
+            ", ".join(j.nodes_before),
+            ", ".join(j.nodes_after) or "-",
+            j.restart_count,
+            _value(j.resumed_step),
+            _value(j.lost_steps),
+            _seconds(j.lost_seconds),
+            "; ".join(f"{s.checkpoint_id} ({s.why})" for s in j.skipped_checkpoints) or "-",
+            "verified" if j.verified else "NOT verified: " + "; ".join(j.why_not),
+        )
+        for j in r.jobs
+    ]
+    return _table(
+        "jobs",
+        "Jobs",
+        (
+            "job",
+            "nodes before",
+            "nodes after",
+            "restarts",
+            "resumed at step",
+            "lost steps",
+            "lost training",
+            "skipped checkpoints",
+            "verification",
+        ),
+        rows,
+    )
 
 
 def _alerts_table(r: IncidentReport) -> str:

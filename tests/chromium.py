@@ -40,18 +40,35 @@ class Chromium:
         if binary is None:
             raise RuntimeError("chromium is missing: ./dev.sh setup installs Debian's chromium package")
         self._process = subprocess.Popen(
-            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
-             "--remote-debugging-port=0", f"--user-data-dir={self._profile.name}",
-             f"--window-size={self.width},{self.height}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            [
+                binary,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-extensions",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={self._profile.name}",
+                f"--window-size={self.width},{self.height}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         browser_url = await self._devtools_url()
         self._socket = await connect(browser_url, max_size=None)
         target = await self._call("Target.createTarget", url="about:blank")
         attached = await self._call("Target.attachToTarget", targetId=target["targetId"], flatten=True)
         self._session = attached["sessionId"]
         await self._call("Page.enable")
-        await self._call("Emulation.setDeviceMetricsOverride", width=self.width, height=self.height,
-                         deviceScaleFactor=1, mobile=False)
+        await self._call(
+            "Emulation.setDeviceMetricsOverride",
+            width=self.width,
+            height=self.height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         return self
 
     async def __aexit__(self, *_) -> None:

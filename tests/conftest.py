@@ -15,10 +15,18 @@ import pytest_asyncio
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from worker import register_search_attributes
 from starter.localstack import DEBIAN_RELEASE_OF_GENERATION, LocalStack
 from tests.kubeapi.fixtures import (  # noqa: F401
-    kube_api, kube_client, kube_driver, kube_namespace, kube_provisioner, kube_seed, kube_simulator, kube_upstream_client)
+    kube_api,
+    kube_client,
+    kube_driver,
+    kube_namespace,
+    kube_provisioner,
+    kube_seed,
+    kube_simulator,
+    kube_upstream_client,
+)
+from worker import register_search_attributes
 
 
 def _binary(name: str) -> str:
@@ -48,7 +56,8 @@ async def time_skipping_env():
     nobody takes, the server never skips time again and every test after it hangs; a timer an
     earlier test left behind can move the clock by decades."""
     async with await WorkflowEnvironment.start_time_skipping(
-            test_server_existing_path=_binary("temporal-test-server"), data_converter=pydantic_data_converter) as env:
+        test_server_existing_path=_binary("temporal-test-server"), data_converter=pydantic_data_converter
+    ) as env:
         yield env
 
 
@@ -61,9 +70,13 @@ def local_stack(request) -> LocalStack:
     from a Debian root (see pytest_collection_modifyitems for which tests run on which). The stack
     has its own state dir and ports, so tests never touch a drill's stack."""
     # RECOVERY_TEST_STATE_DIR / RECOVERY_TEST_SLURM_PORT_BASE let two suites run side by side.
-    return LocalStack(state_dir=Path(os.environ.get("RECOVERY_TEST_STATE_DIR", "/tmp/training-recovery-tests")),
-                      slurm_port_base=int(os.environ.get("RECOVERY_TEST_SLURM_PORT_BASE", "24800")),
-                      temporal_port=0, ui_port=0, slurm_version=request.param)
+    return LocalStack(
+        state_dir=Path(os.environ.get("RECOVERY_TEST_STATE_DIR", "/tmp/training-recovery-tests")),
+        slurm_port_base=int(os.environ.get("RECOVERY_TEST_SLURM_PORT_BASE", "24800")),
+        temporal_port=0,
+        ui_port=0,
+        slurm_version=request.param,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -140,9 +153,13 @@ def pytest_runtest_makereport(item, call):
     report = yield
     crash = getattr(report.longrepr, "reprcrash", None)
     if report.failed and call.excinfo is not None and crash is not None:
-        ours = [f"{Path(entry.path).relative_to(PROJECT)}:{entry.lineno + 1}" for entry in call.excinfo.traceback
-                if Path(entry.path).is_relative_to(PROJECT) and ".venv" not in Path(entry.path).parts
-                and Path(entry.path) != Path(__file__)]
+        ours = [
+            f"{Path(entry.path).relative_to(PROJECT)}:{entry.lineno + 1}"
+            for entry in call.excinfo.traceback
+            if Path(entry.path).is_relative_to(PROJECT)
+            and ".venv" not in Path(entry.path).parts
+            and Path(entry.path) != Path(__file__)
+        ]
         if ours:
             crash.message = f"{crash.message} [at {' < '.join(reversed(ours[-3:]))}]"
     return report

@@ -96,9 +96,7 @@ def utc_now_iso() -> str:
 # --- checkpoints -------------------------------------------------------------------------------
 
 
-def save_checkpoint(
-    run_dir: Path, step: int, train_seconds: float, files: dict[str, bytes]
-) -> Checkpoint:
+def save_checkpoint(run_dir: Path, step: int, train_seconds: float, files: dict[str, bytes]) -> Checkpoint:
     """Write a checkpoint atomically: it appears as ``step-…`` only once every byte is durable.
 
     If a complete checkpoint for ``step`` exists it is returned as is; an incomplete one (left by
@@ -195,7 +193,7 @@ def load_checkpoint(cp: Checkpoint) -> dict[str, bytes]:
                 raise _Incomplete(f"manifest names missing file {name}") from None
             except OSError as error:
                 raise _Incomplete(f"{name} unreadable: {error.strerror}") from None
-            problem = _file_problem(entry, len(data), lambda: hashlib.sha256(data).hexdigest())
+            problem = _file_problem(entry, len(data), lambda: hashlib.sha256(data).hexdigest())  # noqa: B023 (called here)
             if problem:
                 raise _Incomplete(problem)
             files[name] = data
@@ -338,9 +336,7 @@ def _verified_manifest(path: Path, check_files: bool = True) -> dict[str, Any]:
     _check_manifest_types(manifest)
     described = manifest["checkpoint_id"]
     if described != path.name or described != checkpoint_id(manifest["step"]):
-        raise _Incomplete(
-            f"manifest describes {described} (step {manifest['step']}), not {path.name}"
-        )
+        raise _Incomplete(f"manifest describes {described} (step {manifest['step']}), not {path.name}")
     if check_files:
         for entry in manifest["files"]:
             _check_file(path, entry)

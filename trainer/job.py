@@ -333,9 +333,7 @@ class TrainingJob:
                 "restart_count": self.env.restart_count,
                 "resumed_step": checkpoint.step if checkpoint else None,
                 "checkpoint_id": checkpoint.checkpoint_id if checkpoint else None,
-                "skipped_checkpoints": [
-                    {"checkpoint_id": s.checkpoint_id, "why": s.why} for s in skipped
-                ],
+                "skipped_checkpoints": [{"checkpoint_id": s.checkpoint_id, "why": s.why} for s in skipped],
                 "previous_last_step": previous.get("step") if previous else None,
                 "previous_train_seconds": previous.get("train_seconds") if previous else None,
                 "resumed_train_seconds": self.train_seconds,
@@ -390,9 +388,7 @@ class TrainingJob:
     def _checkpoint(self, reason: str) -> None:
         if not self.writer:
             return
-        checkpoint = save_checkpoint(
-            self.run_dir, self.step, self.train_seconds, self.model.to_files()
-        )
+        checkpoint = save_checkpoint(self.run_dir, self.step, self.train_seconds, self.model.to_files())
         self.log.info(
             f"checkpoint {checkpoint.checkpoint_id} ({reason}, step {checkpoint.step}, "
             f"{checkpoint.train_seconds:.1f} s trained)"
@@ -417,9 +413,7 @@ class TrainingJob:
 
 
 def parse_options(argv: list[str] | None = None) -> Options:
-    parser = argparse.ArgumentParser(
-        prog="python -m trainer.job", description="The reference training job."
-    )
+    parser = argparse.ArgumentParser(prog="python -m trainer.job", description="The reference training job.")
     add = parser.add_argument
     add("--run-dir", type=Path, required=True, help="checkpoints and progress files")
     add("--total-steps", type=int, default=0, help="stop after this step (0: never)")
@@ -429,9 +423,7 @@ def parse_options(argv: list[str] | None = None) -> Options:
     add("--fault-dir", type=Path, help="drill fault files, one per node")
     args = parser.parse_args(argv)
     if args.total_steps < 0 or args.step_seconds < 0 or args.checkpoint_every < 1 or args.keep < 1:
-        parser.error(
-            "need --total-steps >= 0, --step-seconds >= 0, --checkpoint-every >= 1, --keep >= 1"
-        )
+        parser.error("need --total-steps >= 0, --step-seconds >= 0, --checkpoint-every >= 1, --keep >= 1")
     return Options(
         run_dir=args.run_dir,
         total_steps=args.total_steps,

@@ -30,8 +30,9 @@ with workflow.unsafe.imports_passed_through():
 
     from activities.audit import write_audit, write_audit_lines
     from contracts.audit import ActorKind, AuditEvent
+    from workflows.call_options import CallOptions
 
-AUDIT_WRITE = dict(
+AUDIT_WRITE = CallOptions(
     start_to_close_timeout=timedelta(seconds=10),
     schedule_to_close_timeout=timedelta(minutes=2),
     retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10)),
@@ -48,15 +49,34 @@ class AuditTrail:
         self._hold = hold
         self._held: list[AuditEvent] = []
 
-    def decision(self, action: str, *, incident: str | None, node: str | None, reason: str, result: str,
-                 actor: str = "policy", actor_kind: ActorKind = "policy", job: int | None = None,
-                 parameters: dict[str, JsonValue] | None = None) -> None:
+    def decision(
+        self,
+        action: str,
+        *,
+        incident: str | None,
+        node: str | None,
+        reason: str,
+        result: str,
+        actor: str = "policy",
+        actor_kind: ActorKind = "policy",
+        job: int | None = None,
+        parameters: dict[str, JsonValue] | None = None,
+    ) -> None:
         info = workflow.info()
         self._written += 1
         event = AuditEvent(
-            incident=incident, at=workflow.now(), action=action, target=node or incident or info.workflow_id,
-            path="workflow", actor=actor, actor_kind=actor_kind, reason=reason, node=node, job=job,
-            parameters=parameters or {}, result=result,
+            incident=incident,
+            at=workflow.now(),
+            action=action,
+            target=node or incident or info.workflow_id,
+            path="workflow",
+            actor=actor,
+            actor_kind=actor_kind,
+            reason=reason,
+            node=node,
+            job=job,
+            parameters=parameters or {},
+            result=result,
             event_id=f"{info.workflow_id}/{info.run_id}/{self._written}",
         )
         if self._hold:
@@ -93,5 +113,6 @@ class AuditTrail:
             await write
         except ActivityError as err:
             # The decisions stand and the history keeps them; only their copy in the log is missing.
-            workflow.logger.error("audit line(s) %s not written: %s",
-                                  ", ".join(e.event_id or "" for e in events), err.cause)
+            workflow.logger.error(
+                "audit line(s) %s not written: %s", ", ".join(e.event_id or "" for e in events), err.cause
+            )

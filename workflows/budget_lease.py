@@ -35,14 +35,14 @@ with workflow.unsafe.imports_passed_through():
         QuarantineStatus,
     )
     from contracts.models import OperatorDecision
-    from workflows.call_options import failing_as_activity
+    from workflows.call_options import CallOptions, failing_as_activity
     from workflows.fleet_budget import LEASE_STATE_SIGNAL, FleetBudgetWorkflow
 
 __all__ = ["BudgetLease", "LEASE_STATE_SIGNAL", "check_quarantine"]
 
 # The budget is another workflow on the same cluster: keep asking (a lease is required before any
 # destructive step, so there is no failing open), but never longer than 30 s between attempts.
-BUDGET_CALL = dict(
+BUDGET_CALL = CallOptions(
     start_to_close_timeout=timedelta(seconds=30),
     retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)),
 )
@@ -84,9 +84,16 @@ class BudgetLease:
         held (the breaker is tripped) and why. `in_task` as for request()."""
         self._in_task = in_task
         info = workflow.info()
-        self._request = LeaseRequest(incident_id=incident_id, node=node, workflow_id=info.workflow_id,
-                                     run_id=info.run_id, partitions=scope.partitions, running_jobs=0,
-                                     stage=LeaseStage.FENCE, fleet_nodes=scope.fleet_nodes)
+        self._request = LeaseRequest(
+            incident_id=incident_id,
+            node=node,
+            workflow_id=info.workflow_id,
+            run_id=info.run_id,
+            partitions=scope.partitions,
+            running_jobs=0,
+            stage=LeaseStage.FENCE,
+            fleet_nodes=scope.fleet_nodes,
+        )
         await self._ask_until(lambda: self.state is not None, ANSWER_WITHIN)
         assert self.state is not None
         return self.state
@@ -95,8 +102,12 @@ class BudgetLease:
         """Wait, durably, until the held fence is permitted (an operator reset the breaker),
         `stop()` is true (an operator's answer or abort), or `timeout` has passed."""
         deadline = workflow.now() + timeout
-        await self._ask_until(lambda: not self.fence_held or stop() or workflow.now() >= deadline,
-                              ASK_AGAIN_WHILE_WAITING, ask_first=False, until=deadline)
+        await self._ask_until(
+            lambda: not self.fence_held or stop() or workflow.now() >= deadline,
+            ASK_AGAIN_WHILE_WAITING,
+            ask_first=False,
+            until=deadline,
+        )
         assert self.state is not None
         return self.state
 
@@ -104,16 +115,23 @@ class BudgetLease:
         """An operator approved fencing past the tripped breaker: permitted at once, as theirs."""
         return await self._ask_approved(decision, lambda: not self.fence_held)
 
-    async def request(self, incident_id: str, node: str, partitions: list[PartitionShare],
-                      job_ids: list[int], in_task: bool = False) -> LeaseState:
+    async def request(
+        self, incident_id: str, node: str, partitions: list[PartitionShare], job_ids: list[int], in_task: bool = False
+    ) -> LeaseState:
         """Ask for the lease; the budget's answer comes within moments: granted, or waiting and why.
         `in_task`: ask by local activities, within the workflow task (NodeRecoveryWorkflow's
         FENCE_IN_ONE_TASK), this time and every time after."""
         self._in_task = in_task
         info = workflow.info()
-        self._request = LeaseRequest(incident_id=incident_id, node=node, workflow_id=info.workflow_id,
-                                     run_id=info.run_id, partitions=partitions, running_jobs=len(job_ids),
-                                     job_ids=job_ids)
+        self._request = LeaseRequest(
+            incident_id=incident_id,
+            node=node,
+            workflow_id=info.workflow_id,
+            run_id=info.run_id,
+            partitions=partitions,
+            running_jobs=len(job_ids),
+            job_ids=job_ids,
+        )
         await self._ask_until(lambda: self.state is not None and not self.state.fencing, ANSWER_WITHIN)
         assert self.state is not None
         return self.state
@@ -141,12 +159,14 @@ class BudgetLease:
         release = LeaseRelease(incident_id=state.incident_id, reason=reason[:500])
         try:
             await workflow.get_external_workflow_handle(state.budget_workflow_id).signal(
-                FleetBudgetWorkflow.release_lease, release)
+                FleetBudgetWorkflow.release_lease, release
+            )
         except ApplicationError as err:
             # No budget running: it holds nothing of this incident any more.
             workflow.logger.warning("lease of %s not returned: %s", state.incident_id, err)
-        self.state = state.model_copy(update={"status": LeaseStatus.RELEASED, "reason": release.reason,
-                                              "ended_at": workflow.now()})
+        self.state = state.model_copy(
+            update={"status": LeaseStatus.RELEASED, "reason": release.reason, "ended_at": workflow.now()}
+        )
 
     async def _ask_approved(self, decision: OperatorDecision, done: Callable[[], bool]) -> LeaseState:
         """The request asked again with the operator's approval, until the budget has acted on it."""
@@ -156,8 +176,9 @@ class BudgetLease:
         assert self.state is not None
         return self.state
 
-    async def _ask_until(self, done: Callable[[], bool], every: timedelta, ask_first: bool = True,
-                         until: datetime | None = None) -> None:
+    async def _ask_until(
+        self, done: Callable[[], bool], every: timedelta, ask_first: bool = True, until: datetime | None = None
+    ) -> None:
         """Ask, then ask again at a doubling interval until `done()`; a wait never passes `until`."""
         if ask_first:
             await self._send_request()
@@ -175,15 +196,22 @@ class BudgetLease:
         """Ask; the answer is the reply (kept at once, so that a lease granted outright is acted
         on in this workflow task), or comes by signal when the request had to go as one."""
         assert self._request is not None
-        summary = (f"Ask the fence circuit breaker to let {self._request.node} be drained"
-                   if self._request.stage == LeaseStage.FENCE
-                   else f"Ask the fleet budget to put {self._request.node} under remediation")
+        summary = (
+            f"Ask the fence circuit breaker to let {self._request.node} be drained"
+            if self._request.stage == LeaseStage.FENCE
+            else f"Ask the fleet budget to put {self._request.node} under remediation"
+        )
         if self._in_task:
-            answer = await failing_as_activity("request_lease", workflow.execute_local_activity_method(
-                BudgetActivities.request_lease, self._request, summary=summary, **BUDGET_CALL))
+            answer = await failing_as_activity(
+                "request_lease",
+                workflow.execute_local_activity_method(
+                    BudgetActivities.request_lease, self._request, summary=summary, **BUDGET_CALL
+                ),
+            )
         else:
-            answer = await workflow.execute_activity_method(BudgetActivities.request_lease, self._request,
-                                                            summary=summary, **BUDGET_CALL)
+            answer = await workflow.execute_activity_method(
+                BudgetActivities.request_lease, self._request, summary=summary, **BUDGET_CALL
+            )
         if answer is not None:
             self.on_state(answer)
 
@@ -198,4 +226,5 @@ async def check_quarantine(node: str) -> QuarantineStatus:
     """Whether the node is a quarantined lemon, asked of the budget now (an operator may have
     released it since). For any workflow about to return a node to service."""
     return await workflow.execute_activity_method(
-        BudgetActivities.check_quarantine, node, summary=f"Is {node} a quarantined lemon?", **BUDGET_CALL)
+        BudgetActivities.check_quarantine, node, summary=f"Is {node} a quarantined lemon?", **BUDGET_CALL
+    )

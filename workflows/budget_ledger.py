@@ -50,6 +50,12 @@ from contracts.models import OperatorDecision
 FINISHED_KEPT = 500
 
 
+def _grant_time(lease: Lease) -> datetime:
+    """When a granted lease was granted (set with the grant)."""
+    assert lease.state.granted_at is not None
+    return lease.state.granted_at
+
+
 class BudgetLedger:
     def __init__(self, state: BudgetState, budget_workflow_id: str, budget_epoch: str):
         self.state = state
@@ -63,8 +69,10 @@ class BudgetLedger:
         # holders per partition and per job.
         self._active_by_incident = {lease.state.incident_id: lease for lease in state.leases}
         self._waiting = {lease.state.incident_id: lease for lease in state.leases if lease.state.waiting}
-        self._holding = {lease.state.incident_id: lease for lease in sorted(
-            (lease for lease in state.leases if lease.state.granted), key=lambda lease: lease.state.granted_at)}
+        self._holding = {
+            lease.state.incident_id: lease
+            for lease in sorted((lease for lease in state.leases if lease.state.granted), key=_grant_time)
+        }
         self._held_per_partition = Counter(p for lease in self._holding.values() for p in set(lease.state.partitions))
         self._held_jobs = Counter(job for lease in self._holding.values() for job in set(lease.request.job_ids))
         self._fence_held = {lease.state.incident_id: lease for lease in state.leases if lease.state.fence_held}
@@ -89,8 +97,12 @@ class BudgetLedger:
 
     def holder_refs(self) -> list[HolderRef]:
         """Every incident with a lease granted or waiting: each should still be running."""
-        return [HolderRef(incident_id=lease.state.incident_id, workflow_id=lease.state.workflow_id,
-                          run_id=lease.state.run_id) for lease in self.state.leases]
+        return [
+            HolderRef(
+                incident_id=lease.state.incident_id, workflow_id=lease.state.workflow_id, run_id=lease.state.run_id
+            )
+            for lease in self.state.leases
+        ]
 
     def disrupted_jobs(self, now: datetime) -> int:
         return sum(d.jobs for d in self._disruptions_in_window(now))
@@ -104,7 +116,9 @@ class BudgetLedger:
     def quarantine_status(self, node: str, now: datetime) -> QuarantineStatus:
         active = self.state.quarantines.get(node)
         return QuarantineStatus(
-            node=node, quarantined=active is not None, since=active.since if active else None,
+            node=node,
+            quarantined=active is not None,
+            since=active.since if active else None,
             incidents_in_window=self._incidents_in_window(node, now),
             last_release=self.state.released_quarantines.get(node),
         )
@@ -130,8 +144,9 @@ class BudgetLedger:
         if any(w.state.blocked_by == BlockedBy.DISRUPTED_JOBS for w in self._waiting.values()):
             in_window = self._disruptions_in_window(now)
             if in_window:
-                deadlines.append(min(d.at for d in in_window)
-                                 + timedelta(seconds=self.policy.disruption_window_seconds))
+                deadlines.append(
+                    min(d.at for d in in_window) + timedelta(seconds=self.policy.disruption_window_seconds)
+                )
         return min(deadlines, default=None)
 
     # --- deciding -----------------------------------------------------------------------------
@@ -161,13 +176,23 @@ class BudgetLedger:
         if fenced is not None:
             self._fence_held.pop(req.incident_id, None)
             self.state.leases = [held for held in self.state.leases if held is not fenced]
-        lease = Lease(request=req, state=LeaseState(
-            incident_id=req.incident_id, node=req.node, workflow_id=req.workflow_id, run_id=req.run_id,
-            budget_workflow_id=self._budget_workflow_id, budget_epoch=self._budget_epoch,
-            status=LeaseStatus.WAITING, version=fenced.state.version if fenced else 0,
-            requested_at=now, running_jobs=req.running_jobs, partitions=[p.name for p in req.partitions],
-            quarantined=self.quarantined(req.node),
-        ))
+        lease = Lease(
+            request=req,
+            state=LeaseState(
+                incident_id=req.incident_id,
+                node=req.node,
+                workflow_id=req.workflow_id,
+                run_id=req.run_id,
+                budget_workflow_id=self._budget_workflow_id,
+                budget_epoch=self._budget_epoch,
+                status=LeaseStatus.WAITING,
+                version=fenced.state.version if fenced else 0,
+                requested_at=now,
+                running_jobs=req.running_jobs,
+                partitions=[p.name for p in req.partitions],
+                quarantined=self.quarantined(req.node),
+            ),
+        )
         self.state.leases.append(lease)
         self._active_by_incident[req.incident_id] = self._waiting[req.incident_id] = lease
         events += self.admit(now)
@@ -204,11 +229,21 @@ class BudgetLedger:
             if lease is None or lease.state.run_id != ref.run_id:
                 continue
             if lease.state.granted:
-                events += self._end(lease, LeaseStatus.EXPIRED, TimelineKind.RECLAIMED,
-                                    "its incident's workflow closed without returning it", now)
+                events += self._end(
+                    lease,
+                    LeaseStatus.EXPIRED,
+                    TimelineKind.RECLAIMED,
+                    "its incident's workflow closed without returning it",
+                    now,
+                )
             else:
-                events += self._end(lease, LeaseStatus.RELEASED, TimelineKind.WITHDRAWN,
-                                    "its incident's workflow closed while waiting", now)
+                events += self._end(
+                    lease,
+                    LeaseStatus.RELEASED,
+                    TimelineKind.WITHDRAWN,
+                    "its incident's workflow closed while waiting",
+                    now,
+                )
         return events + self.admit(now)
 
     def expire_overdue(self, now: datetime) -> list[TimelineEvent]:
@@ -216,16 +251,26 @@ class BudgetLedger:
         events = []
         for lease in self.holders():
             if lease.state.granted_at and lease.state.granted_at + max_held <= now:
-                events += self._end(lease, LeaseStatus.EXPIRED, TimelineKind.EXPIRED,
-                                    f"held longer than {self.policy.lease_max_seconds:.0f} s", now)
+                events += self._end(
+                    lease,
+                    LeaseStatus.EXPIRED,
+                    TimelineKind.EXPIRED,
+                    f"held longer than {self.policy.lease_max_seconds:.0f} s",
+                    now,
+                )
         return events + self.admit(now)
 
     def set_policy(self, policy: BudgetPolicy, now: datetime) -> list[TimelineEvent]:
         if policy == self.policy:
             return []
         self.state.policy = policy
-        changed = self._event(TimelineKind.POLICY_CHANGED, now, actor="configuration", actor_kind="operator",
-                              detail=policy.model_dump_json())
+        changed = self._event(
+            TimelineKind.POLICY_CHANGED,
+            now,
+            actor="configuration",
+            actor_kind="operator",
+            detail=policy.model_dump_json(),
+        )
         return [changed] + self.admit(now)
 
     def release_quarantine(self, release: QuarantineRelease, now: datetime) -> list[TimelineEvent]:
@@ -237,8 +282,16 @@ class BudgetLedger:
         self.state.released_quarantines[release.node] = quarantine
         self.state.node_incidents.pop(release.node, None)
         self._flag_quarantine(release.node, False)
-        return [self._event(TimelineKind.QUARANTINE_RELEASED, now, node=release.node, actor=release.actor,
-                            actor_kind="operator", detail=release.reason)]
+        return [
+            self._event(
+                TimelineKind.QUARANTINE_RELEASED,
+                now,
+                node=release.node,
+                actor=release.actor,
+                actor_kind="operator",
+                detail=release.reason,
+            )
+        ]
 
     def reset_breaker(self, reset: BreakerReset, now: datetime) -> list[TimelineEvent]:
         """An operator resets the tripped breaker: its count starts again from here, and the held
@@ -246,8 +299,9 @@ class BudgetLedger:
         if self.state.breaker is None:
             raise ValueError("the fence circuit breaker is not tripped")
         self.state.breaker, self.state.fences = None, []
-        events = [self._event(TimelineKind.BREAKER_RESET, now, actor=reset.actor, actor_kind="operator",
-                              detail=reset.reason)]
+        events = [
+            self._event(TimelineKind.BREAKER_RESET, now, actor=reset.actor, actor_kind="operator", detail=reset.reason)
+        ]
         for lease in list(self._fence_held.values()):
             events += self._weigh_fence(lease, now)
         return events
@@ -283,13 +337,16 @@ class BudgetLedger:
             if disrupted and disrupted + req.running_jobs > policy.max_disrupted_jobs:
                 return BlockedBy.DISRUPTED_JOBS, (
                     f"{disrupted} running jobs disrupted in the last {policy.disruption_window_seconds:.0f} s; "
-                    f"{req.running_jobs} more would pass {policy.max_disrupted_jobs}")
+                    f"{req.running_jobs} more would pass {policy.max_disrupted_jobs}"
+                )
         for partition in req.partitions:
             share = policy.partition_share(partition.name, partition.size)
             busy = self._held_per_partition[partition.name]
             if busy >= share:
-                return BlockedBy.PARTITION, (f"partition {partition.name}: {busy} of its {share} node(s) "
-                                             f"under remediation (of {partition.size} nodes)")
+                return BlockedBy.PARTITION, (
+                    f"partition {partition.name}: {busy} of its {share} node(s) "
+                    f"under remediation (of {partition.size} nodes)"
+                )
         return None
 
     def _ask_to_fence(self, lease: Lease | None, req: LeaseRequest, now: datetime) -> list[TimelineEvent]:
@@ -297,12 +354,22 @@ class BudgetLedger:
             if lease.state.run_id != req.run_id:
                 lease.request.run_id = lease.state.run_id = req.run_id
             return [self._permit_fence(lease, now, req.approval)] if req.approval and lease.state.fence_held else []
-        lease = Lease(request=req, state=LeaseState(
-            incident_id=req.incident_id, node=req.node, workflow_id=req.workflow_id, run_id=req.run_id,
-            budget_workflow_id=self._budget_workflow_id, budget_epoch=self._budget_epoch,
-            status=LeaseStatus.FENCE_HELD, version=0, requested_at=now,
-            partitions=[p.name for p in req.partitions], quarantined=self.quarantined(req.node),
-        ))
+        lease = Lease(
+            request=req,
+            state=LeaseState(
+                incident_id=req.incident_id,
+                node=req.node,
+                workflow_id=req.workflow_id,
+                run_id=req.run_id,
+                budget_workflow_id=self._budget_workflow_id,
+                budget_epoch=self._budget_epoch,
+                status=LeaseStatus.FENCE_HELD,
+                version=0,
+                requested_at=now,
+                partitions=[p.name for p in req.partitions],
+                quarantined=self.quarantined(req.node),
+            ),
+        )
         self.state.leases.append(lease)
         self._active_by_incident[req.incident_id] = self._fence_held[req.incident_id] = lease
         events = self._weigh_fence(lease, now)
@@ -317,11 +384,14 @@ class BudgetLedger:
             return [self._permit_fence(lease, now)]
         events = []
         if self.state.breaker is None:
-            self.state.breaker = BreakerTrip(at=now, incident_id=lease.state.incident_id, node=lease.state.node,
-                                             reason=blocked)
+            self.state.breaker = BreakerTrip(
+                at=now, incident_id=lease.state.incident_id, node=lease.state.node, reason=blocked
+            )
             events.append(self._event(TimelineKind.BREAKER_TRIPPED, now, lease, detail=blocked))
-        lease.state.reason = (f"the fence circuit breaker is tripped ({self.state.breaker.reason}): nothing is "
-                              "drained until an operator runs `recovery reset-breaker`")
+        lease.state.reason = (
+            f"the fence circuit breaker is tripped ({self.state.breaker.reason}): nothing is "
+            "drained until an operator runs `recovery reset-breaker`"
+        )
         return events + [self._event(TimelineKind.FENCE_HELD, now, lease, detail=lease.state.reason)]
 
     def _breaker_blocker(self, req: LeaseRequest, now: datetime) -> str | None:
@@ -337,8 +407,10 @@ class BudgetLedger:
             fenced = len({m.node for m in marks if partition is None or partition in m.partitions})
             if fenced >= limit:
                 scope = f"partition {partition}" if partition else "the fleet"
-                return (f"{fenced} nodes fenced in the last {window} reach {scope}'s limit of {limit}; "
-                        f"{req.node} would pass it")
+                return (
+                    f"{fenced} nodes fenced in the last {window} reach {scope}'s limit of {limit}; "
+                    f"{req.node} would pass it"
+                )
         return None
 
     def _permit_fence(self, lease: Lease, now: datetime, approval: OperatorDecision | None = None) -> TimelineEvent:
@@ -352,9 +424,16 @@ class BudgetLedger:
             state.granted_by, state.reason = "policy", "within the fence circuit breaker's limits"
         if not any(mark.node == state.node for mark in self._fences_in_window(now)):
             self.state.fences = self._fences_in_window(now) + [
-                FenceMark(node=state.node, incident_id=state.incident_id, at=now, partitions=state.partitions)]
-        return self._event(TimelineKind.FENCE_PERMITTED, now, lease, actor=state.granted_by,
-                           actor_kind="operator" if approval else "policy", detail=state.reason)
+                FenceMark(node=state.node, incident_id=state.incident_id, at=now, partitions=state.partitions)
+            ]
+        return self._event(
+            TimelineKind.FENCE_PERMITTED,
+            now,
+            lease,
+            actor=state.granted_by,
+            actor_kind="operator" if approval else "policy",
+            detail=state.reason,
+        )
 
     def _grant(self, lease: Lease, now: datetime, approval: OperatorDecision | None = None) -> TimelineEvent:
         state = lease.state
@@ -364,8 +443,11 @@ class BudgetLedger:
             state.reason = f"approved over budget by {approval.actor}: {approval.reason} (was waiting: {state.reason})"
         else:
             state.granted_by = "policy"
-            state.reason = ("within budget: its jobs are under remediation already, on another of their nodes"
-                            if shared else "within budget")
+            state.reason = (
+                "within budget: its jobs are under remediation already, on another of their nodes"
+                if shared
+                else "within budget"
+            )
         state.status, state.granted_at, state.blocked_by = LeaseStatus.GRANTED, now, None
         del self._waiting[state.incident_id]
         self._holding[state.incident_id] = lease
@@ -373,12 +455,20 @@ class BudgetLedger:
         self._held_jobs.update(set(lease.request.job_ids))
         if lease.request.running_jobs and not shared:
             self.state.disruptions = self._disruptions_in_window(now) + [
-                Disruption(incident_id=state.incident_id, at=now, jobs=lease.request.running_jobs)]
-        return self._event(TimelineKind.GRANTED, now, lease, actor=state.granted_by,
-                           actor_kind="operator" if approval else "policy", detail=state.reason)
+                Disruption(incident_id=state.incident_id, at=now, jobs=lease.request.running_jobs)
+            ]
+        return self._event(
+            TimelineKind.GRANTED,
+            now,
+            lease,
+            actor=state.granted_by,
+            actor_kind="operator" if approval else "policy",
+            detail=state.reason,
+        )
 
-    def _end(self, lease: Lease, status: LeaseStatus, kind: TimelineKind, reason: str,
-             now: datetime) -> list[TimelineEvent]:
+    def _end(
+        self, lease: Lease, status: LeaseStatus, kind: TimelineKind, reason: str, now: datetime
+    ) -> list[TimelineEvent]:
         # By identity: list.remove() compares with ==, a deep comparison of pydantic models (with
         # the sandbox's isinstance on every field) against each lease before it. With 1,000 leases
         # a budget's workflow task of releases passed the SDK's 2 s deadlock limit, and its
@@ -426,25 +516,51 @@ class BudgetLedger:
             return []
         self.state.quarantines[node] = Quarantine(node=node, since=now, incidents=list(marks))
         self._flag_quarantine(node, True)
-        return [self._event(TimelineKind.QUARANTINED, now, node=node, incident_id=incident_id, detail=(
-            f"{len(marks)} incidents in {self.policy.lemon_window_seconds:.0f} s: "
-            + ", ".join(m.incident_id for m in marks)))]
+        return [
+            self._event(
+                TimelineKind.QUARANTINED,
+                now,
+                node=node,
+                incident_id=incident_id,
+                detail=(
+                    f"{len(marks)} incidents in {self.policy.lemon_window_seconds:.0f} s: "
+                    + ", ".join(m.incident_id for m in marks)
+                ),
+            )
+        ]
 
     def _flag_quarantine(self, node: str, quarantined: bool) -> None:
         for lease in self.state.leases:
             if lease.state.node == node:
                 lease.state.quarantined = quarantined
 
-    def _event(self, kind: TimelineKind, now: datetime, lease: Lease | None = None, *, node: str | None = None,
-               incident_id: str | None = None, actor: str = "policy", actor_kind: ActorKind = "policy",
-               detail: str = "") -> TimelineEvent:
+    def _event(
+        self,
+        kind: TimelineKind,
+        now: datetime,
+        lease: Lease | None = None,
+        *,
+        node: str | None = None,
+        incident_id: str | None = None,
+        actor: str = "policy",
+        actor_kind: ActorKind = "policy",
+        detail: str = "",
+    ) -> TimelineEvent:
         self.state.seq += 1
         if lease is not None:
             lease.state.version = self.state.seq
             node, incident_id = lease.state.node, lease.state.incident_id
-        event = TimelineEvent(seq=self.state.seq, at=now, kind=kind, incident_id=incident_id,
-                              node=node, holders=len(self._holding), actor=actor, actor_kind=actor_kind,
-                              detail=detail)
+        event = TimelineEvent(
+            seq=self.state.seq,
+            at=now,
+            kind=kind,
+            incident_id=incident_id,
+            node=node,
+            holders=len(self._holding),
+            actor=actor,
+            actor_kind=actor_kind,
+            detail=detail,
+        )
         self.state.timeline.append(event)
-        del self.state.timeline[:-self.policy.timeline_limit]
+        del self.state.timeline[: -self.policy.timeline_limit]
         return event

@@ -1,16 +1,37 @@
 """How workflows call activities that talk to Slurm: time-outs and retries, in one place; and a
-local activity's final failure raised as an activity's is."""
+local activity's final failure raised as an activity's is.
+
+Each set of options is a CallOptions (or HeartbeatCallOptions): a TypedDict whose keys are the
+exact keyword arguments of workflow.execute_activity_method and its kin, so that a type checker
+follows `**SLURM_CALL` into the call (at run time it is the plain dict it always was).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable
 from datetime import timedelta
-from typing import TypeVar
+from typing import TypedDict, TypeVar
 
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
 
 T = TypeVar("T")
+
+
+class CallOptions(TypedDict, total=False):
+    """Time-outs and retries of an activity or a local activity call (workflow.execute_activity,
+    execute_local_activity and their _method and start_ variants take these keywords)."""
+
+    start_to_close_timeout: timedelta
+    schedule_to_close_timeout: timedelta
+    retry_policy: RetryPolicy
+
+
+class HeartbeatCallOptions(CallOptions, total=False):
+    """An activity call's options with its heartbeat time-out (an activity only: a local activity has none)."""
+
+    heartbeat_timeout: timedelta
+
 
 # Slurm calls: retried with backoff for up to ten minutes (a restarting slurmctld, a busy
 # slurmrestd); a node or job that does not exist is final.
@@ -20,7 +41,7 @@ SLURM_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=30),
     non_retryable_error_types=["SlurmNotFound", "Unsupported", "ValidationError"],
 )
-SLURM_CALL = dict(
+SLURM_CALL = CallOptions(
     start_to_close_timeout=timedelta(seconds=30),
     schedule_to_close_timeout=timedelta(minutes=10),
     retry_policy=SLURM_RETRY,
@@ -35,7 +56,7 @@ JOB_REQUEUE_WAIT = timedelta(minutes=11)
 # answers must not keep it. Bounded by attempts alone, three hung attempts held it 30 s (measured:
 # REST's 10 s time-out three times; the CLI's is 20 s). 10 s is Temporal's default workflow task time-out.
 SLURM_QUICK_TRY_BUDGET = timedelta(seconds=10)
-SLURM_QUICK_TRY = dict(
+SLURM_QUICK_TRY = CallOptions(
     schedule_to_close_timeout=SLURM_QUICK_TRY_BUDGET,
     retry_policy=RetryPolicy(
         initial_interval=SLURM_RETRY.initial_interval,
@@ -53,10 +74,17 @@ K8S_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     backoff_coefficient=2.0,
     maximum_interval=timedelta(seconds=30),
-    non_retryable_error_types=["NodeNotFound", "SlurmdPodNotFound", "NodeSetNotFound", "JobsStillRunning",
-                               "NodeNotDrained", "EvictionBlocked", "SlurmNotFound"],
+    non_retryable_error_types=[
+        "NodeNotFound",
+        "SlurmdPodNotFound",
+        "NodeSetNotFound",
+        "JobsStillRunning",
+        "NodeNotDrained",
+        "EvictionBlocked",
+        "SlurmNotFound",
+    ],
 )
-K8S_CALL = dict(
+K8S_CALL = CallOptions(
     start_to_close_timeout=timedelta(seconds=60),
     schedule_to_close_timeout=timedelta(minutes=10),
     retry_policy=K8S_RETRY,
@@ -64,14 +92,14 @@ K8S_CALL = dict(
 K8S_HEARTBEAT = timedelta(seconds=30)
 # An eviction waits through PodDisruptionBudget refusals and then the pod's termination, each
 # with its own deadline (RECOVERY_K8S_EVICTION_DEADLINE_SECONDS, ..._TERMINATION_DEADLINE_SECONDS).
-K8S_EVICTION = dict(
+K8S_EVICTION = HeartbeatCallOptions(
     start_to_close_timeout=timedelta(minutes=20),
     schedule_to_close_timeout=timedelta(minutes=30),
     heartbeat_timeout=K8S_HEARTBEAT,
     retry_policy=K8S_RETRY,
 )
 # An HTTP replacement provider may take RECOVERY_K8S_HTTP_TIMEOUT_SECONDS (30 min) to deliver.
-K8S_REPLACEMENT = dict(
+K8S_REPLACEMENT = HeartbeatCallOptions(
     start_to_close_timeout=timedelta(minutes=40),
     schedule_to_close_timeout=timedelta(minutes=60),
     heartbeat_timeout=K8S_HEARTBEAT,
@@ -88,12 +116,20 @@ async def failing_as_activity(name: str, call: Awaitable[T]) -> T:
     except (ActivityError, CancelledError):
         raise
     except FailureError as err:
-        raise ActivityError(f"local activity {name} failed", scheduled_event_id=0, started_event_id=0, identity="",
-                            activity_type=name, activity_id="", retry_state=None) from err
+        raise ActivityError(
+            f"local activity {name} failed",
+            scheduled_event_id=0,
+            started_event_id=0,
+            identity="",
+            activity_type=name,
+            activity_id="",
+            retry_state=None,
+        ) from err
 
 
 def failed_for_good(err: ActivityError, retry: RetryPolicy) -> bool:
     """Whether the failure is one that `retry` would not try again: another attempt fails alike."""
     cause = err.cause
-    return isinstance(cause, ApplicationError) and (cause.non_retryable
-                                                    or cause.type in retry.non_retryable_error_types)
+    return isinstance(cause, ApplicationError) and (
+        cause.non_retryable or cause.type in (retry.non_retryable_error_types or ())
+    )

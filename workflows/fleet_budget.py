@@ -71,6 +71,7 @@ with workflow.unsafe.imports_passed_through():
         TimelineKind,
     )
     from workflows.budget_ledger import BudgetLedger
+    from workflows.call_options import CallOptions
 
 from workflows.audit_trail import AuditTrail
 from workflows.notify import notify
@@ -88,6 +89,7 @@ def fleet_budget_workflow_id(task_queue: str) -> str:
     """One budget per fleet, and a fleet is what the workers of one task queue recover."""
     return f"{FLEET_BUDGET_WORKFLOW_ID}-{task_queue}"
 
+
 # The incident workflow's signal handler for the answers to its requests and its lease's later
 # changes (workflows/budget_lease.py).
 LEASE_STATE_SIGNAL = "fleet_budget_lease_state"
@@ -96,7 +98,7 @@ FIND_CLOSED_HOLDERS = "find_closed_holders"
 # activities/telemetry.py: the gauge of nodes in use, kept by the worker that runs the budget.
 RECORD_BUDGET_IN_USE = "record_budget_in_use"
 
-HOLDER_CHECK = dict(
+HOLDER_CHECK = CallOptions(
     start_to_close_timeout=timedelta(minutes=2),
     # A check that fails is skipped; the next one comes holder_check_seconds later.
     retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3),
@@ -127,8 +129,9 @@ class FleetBudgetWorkflow:
     @workflow.init
     def __init__(self, inp: FleetBudgetInput) -> None:
         info = workflow.info()
-        self._ledger = BudgetLedger(inp.state or BudgetState(policy=inp.policy), info.workflow_id,
-                                    budget_epoch=info.first_execution_run_id)
+        self._ledger = BudgetLedger(
+            inp.state or BudgetState(policy=inp.policy), info.workflow_id, budget_epoch=info.first_execution_run_id
+        )
         self._audit = AuditTrail(hold=workflow.patched(AUDIT_LINES_HELD))
         self._operators = OperatorCheck(self._audit)
         self._to_tell: list[str] = []
@@ -160,8 +163,9 @@ class FleetBudgetWorkflow:
 
     @workflow.update
     async def release_quarantine(self, release: QuarantineRelease) -> QuarantineStatus:
-        await self._operators.verified("release_quarantine", release.actor, release.reason, release.signature,
-                                       release.node, node=release.node)
+        await self._operators.verified(
+            "release_quarantine", release.actor, release.reason, release.signature, release.node, node=release.node
+        )
         if (why := self._why_not_quarantined(release)) is not None:  # released while it was verified
             raise ApplicationError(why, type="NotQuarantined", non_retryable=True)
         now = workflow.now()
@@ -218,8 +222,9 @@ class FleetBudgetWorkflow:
 
     @workflow.run
     async def run(self, inp: FleetBudgetInput) -> None:
-        workflow.set_current_details(f"Fleet disruption budget: at most {self._ledger.policy.max_nodes} "
-                                     "nodes under remediation at once")
+        workflow.set_current_details(
+            f"Fleet disruption budget: at most {self._ledger.policy.max_nodes} nodes under remediation at once"
+        )
         acting: asyncio.Future[None] | None = None
         try:
             while True:
@@ -262,11 +267,16 @@ class FleetBudgetWorkflow:
         enough to continue as new."""
         for event in events:
             self._audit.decision(
-                AUDIT_ACTIONS[event.kind], incident=event.incident_id, node=event.node, reason=event.detail,
-                result=event.kind.value, actor=event.actor, actor_kind=event.actor_kind,
+                AUDIT_ACTIONS[event.kind],
+                incident=event.incident_id,
+                node=event.node,
+                reason=event.detail,
+                result=event.kind.value,
+                actor=event.actor,
+                actor_kind=event.actor_kind,
                 parameters={"holders": event.holders, "seq": event.seq},
             )
-            if event.kind in TOLD_TO_INCIDENT and event.incident_id != answered:
+            if event.kind in TOLD_TO_INCIDENT and event.incident_id is not None and event.incident_id != answered:
                 self._to_tell.append(event.incident_id)
             if event.kind in NOTIFIED and self._ledger.policy.notifications:
                 self._to_notify.append(NOTIFIED[event.kind](event))
@@ -277,8 +287,13 @@ class FleetBudgetWorkflow:
             self._next_holder_check = now + timedelta(seconds=self._ledger.policy.holder_check_seconds)
         deadline = self._deadline(now)
         came_closer = deadline is not None and (self._sleeping_until is None or deadline < self._sleeping_until)
-        self._wake = (self._wake or bool(self._to_tell or self._to_notify) or self._audit.holding or came_closer
-                      or self._history_is_long())
+        self._wake = (
+            self._wake
+            or bool(self._to_tell or self._to_notify)
+            or self._audit.holding
+            or came_closer
+            or self._history_is_long()
+        )
 
     def _deadline(self, now: datetime) -> datetime | None:
         return min(filter(None, (self._ledger.next_deadline(now), self._next_holder_check)), default=None)
@@ -297,12 +312,16 @@ class FleetBudgetWorkflow:
     async def _check_holders(self) -> None:
         try:
             closed = await workflow.execute_activity(
-                FIND_CLOSED_HOLDERS, self._ledger.holder_refs(), result_type=list[HolderRef],
-                summary="Which incidents holding or waiting for a lease have closed", **HOLDER_CHECK,
+                FIND_CLOSED_HOLDERS,
+                self._ledger.holder_refs(),
+                result_type=list[HolderRef],
+                summary="Which incidents holding or waiting for a lease have closed",
+                **HOLDER_CHECK,
             )
         except ActivityError as err:
-            workflow.logger.warning("lease holder check failed, next one in %s s: %s",
-                                    self._ledger.policy.holder_check_seconds, err.cause)
+            workflow.logger.warning(
+                "lease holder check failed, next one in %s s: %s", self._ledger.policy.holder_check_seconds, err.cause
+            )
             closed = []
         self._next_holder_check = None
         self._decided(self._ledger.drop_closed(closed, workflow.now()))
@@ -327,7 +346,8 @@ class FleetBudgetWorkflow:
             return
         try:
             await workflow.get_external_workflow_handle(told.workflow_id, run_id=told.run_id).signal(
-                LEASE_STATE_SIGNAL, told)
+                LEASE_STATE_SIGNAL, told
+            )
         except ApplicationError as err:
             if err.type == "ExternalWorkflowExecutionNotFound":
                 ref = HolderRef(incident_id=incident_id, workflow_id=told.workflow_id, run_id=told.run_id)
@@ -349,8 +369,10 @@ class FleetBudgetWorkflow:
         self._reported_in_use = in_use
         try:
             await workflow.execute_local_activity(
-                RECORD_BUDGET_IN_USE, BudgetInUse(budget=workflow.info().workflow_id, nodes=in_use),
-                start_to_close_timeout=timedelta(seconds=5), retry_policy=RetryPolicy(maximum_attempts=2),
+                RECORD_BUDGET_IN_USE,
+                BudgetInUse(budget=workflow.info().workflow_id, nodes=in_use),
+                start_to_close_timeout=timedelta(seconds=5),
+                retry_policy=RetryPolicy(maximum_attempts=2),
             )
         except ActivityError as err:
             # A metric never holds up the budget; the next change reports again.
@@ -358,24 +380,36 @@ class FleetBudgetWorkflow:
 
     def _history_is_long(self) -> bool:
         info = workflow.info()
-        return info.is_continue_as_new_suggested() or info.get_current_history_length() > self._ledger.policy.history_limit
+        return (
+            info.is_continue_as_new_suggested() or info.get_current_history_length() > self._ledger.policy.history_limit
+        )
 
 
 def _quarantine_notification(event: TimelineEvent) -> Notification:
     assert event.node is not None and event.incident_id is not None
     return Notification(
-        kind=NotificationKind.QUARANTINED, incident_id=event.incident_id, node=event.node, at=event.at,
-        summary=(f"{event.node} is quarantined as a lemon ({event.detail}); it is not returned to service "
-                 f"until an operator runs `recovery release-quarantine {event.node}`"),
+        kind=NotificationKind.QUARANTINED,
+        incident_id=event.incident_id,
+        node=event.node,
+        at=event.at,
+        summary=(
+            f"{event.node} is quarantined as a lemon ({event.detail}); it is not returned to service "
+            f"until an operator runs `recovery release-quarantine {event.node}`"
+        ),
     )
 
 
 def _breaker_notification(event: TimelineEvent) -> Notification:
     assert event.node is not None and event.incident_id is not None
     return Notification(
-        kind=NotificationKind.BREAKER_TRIPPED, incident_id=event.incident_id, node=event.node, at=event.at,
-        summary=(f"the fence circuit breaker tripped at {event.node}: {event.detail}. New incidents are held and "
-                 "nothing is drained until an operator runs `recovery reset-breaker --reason ...`")[:1000],
+        kind=NotificationKind.BREAKER_TRIPPED,
+        incident_id=event.incident_id,
+        node=event.node,
+        at=event.at,
+        summary=(
+            f"the fence circuit breaker tripped at {event.node}: {event.detail}. New incidents are held and "
+            "nothing is drained until an operator runs `recovery reset-breaker --reason ...`"
+        )[:1000],
     )
 
 

@@ -83,14 +83,16 @@ class JobRecoveryWorkflow:
             if self._uncovered():
                 continue
             verifying = workflow.start_activity_method(
-                JobActivities.verify_restart, self._verify_request(requeue),
+                JobActivities.verify_restart,
+                self._verify_request(requeue),
                 summary=f"Verify job {requeue.job_id} resumed off {', '.join(sorted(self._covered))} "
-                        "from its latest complete checkpoint",
+                "from its latest complete checkpoint",
                 start_to_close_timeout=timedelta(seconds=self._first.verify_deadline_seconds + 60),
-                heartbeat_timeout=HEARTBEAT, retry_policy=SLURM_RETRY,
+                heartbeat_timeout=HEARTBEAT,
+                retry_policy=SLURM_RETRY,
             )
             # Another node of the job failed meanwhile: requeue again (when the job runs there), then verify that.
-            await workflow.wait_condition(lambda: verifying.done() or self._uncovered())
+            await workflow.wait_condition(lambda: verifying.done() or self._uncovered())  # noqa: B023 (awaited here)
             if not verifying.done():
                 verifying.cancel()
                 continue
@@ -104,23 +106,39 @@ class JobRecoveryWorkflow:
         job = first.snapshot.job
         since = self._requeue.restart_count if self._requeue is not None else job.restart_count
         incidents = ", ".join(join.incident_id for join in self._joined.values())
-        ctx = first.ctx.model_copy(update={"reason": f"{first.ctx.reason}; the job's failed nodes "
-                                                     f"{', '.join(nodes)} (incidents {incidents})"[:1000]})
+        ctx = first.ctx.model_copy(
+            update={
+                "reason": f"{first.ctx.reason}; the job's failed nodes {', '.join(nodes)} (incidents {incidents})"[
+                    :1000
+                ]
+            }
+        )
         try:
             self._requeue = await workflow.execute_activity_method(
                 JobActivities.requeue_job,
-                RequeueRequest(job=job.model_copy(update={"restart_count": since}),
-                               failed_node=nodes[0], also_failed=nodes[1:], ctx=ctx, pinned_jobs=first.pinned_jobs),
+                RequeueRequest(
+                    job=job.model_copy(update={"restart_count": since}),
+                    failed_node=nodes[0],
+                    also_failed=nodes[1:],
+                    ctx=ctx,
+                    pinned_jobs=first.pinned_jobs,
+                ),
                 summary=f"Requeue job {job.job_id} away from {', '.join(nodes)}",
-                heartbeat_timeout=HEARTBEAT, **SLURM_CALL,
+                heartbeat_timeout=HEARTBEAT,
+                **SLURM_CALL,
             )
         except ActivityError as err:
             # Every joined incident fails as its own requeue would have: with the cause's type and message.
             cause = err.cause
-            failure = (JobRecoveryFailure(job_id=job.job_id, error_type=cause.type, message=cause.message)
-                       if isinstance(cause, ApplicationError) and cause.type else
-                       JobRecoveryFailure(job_id=job.job_id, error_type="JobRequeueFailed",
-                                          message=f"requeue of job {job.job_id} failed: {cause or err}"))
+            failure = (
+                JobRecoveryFailure(job_id=job.job_id, error_type=cause.type, message=cause.message)
+                if isinstance(cause, ApplicationError) and cause.type
+                else JobRecoveryFailure(
+                    job_id=job.job_id,
+                    error_type="JobRequeueFailed",
+                    message=f"requeue of job {job.job_id} failed: {cause or err}",
+                )
+            )
             await self._tell(list(self._joined.values()), JOB_REQUEUE_FAILED, failure)
             raise
         self._covered = set(nodes)
@@ -130,8 +148,11 @@ class JobRecoveryWorkflow:
         """Each incident whose node the requeue covers, once."""
         news = [join for node, join in self._joined.items() if node in self._covered and node not in self._told]
         self._told.update(join.node for join in news)
-        await self._tell(news, JOB_REQUEUED, JobRequeued(run_id=workflow.info().run_id, requeue=requeue,
-                                                         failed_together=self._peers()))
+        await self._tell(
+            news,
+            JOB_REQUEUED,
+            JobRequeued(run_id=workflow.info().run_id, requeue=requeue, failed_together=self._peers()),
+        )
 
     @staticmethod
     async def _tell(joins: list[JobJoin], signal: str, news: object) -> None:
@@ -145,9 +166,14 @@ class JobRecoveryWorkflow:
 
     def _verify_request(self, requeue: RequeueResult) -> VerifyRequest:
         nodes = sorted(self._covered)
-        return VerifyRequest(snapshot=self._first.snapshot, failed_node=nodes[0], also_failed=nodes[1:],
-                             requeue=requeue, restart_count=requeue.restart_count,
-                             deadline_seconds=self._first.verify_deadline_seconds)
+        return VerifyRequest(
+            snapshot=self._first.snapshot,
+            failed_node=nodes[0],
+            also_failed=nodes[1:],
+            requeue=requeue,
+            restart_count=requeue.restart_count,
+            deadline_seconds=self._first.verify_deadline_seconds,
+        )
 
     @property
     def _first(self) -> JobJoin:

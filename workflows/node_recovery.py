@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError
 from temporalio.workflow import ParentClosePolicy
 
@@ -54,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
         ReturnToServiceRequest,
         SpareResult,
     )
+    from contracts.search_attributes import outcome_label
     from workflows.alert_log import AlertLog
     from workflows.audit_trail import AuditTrail
     from workflows.budget_lease import LEASE_STATE_SIGNAL, BudgetLease
@@ -63,7 +64,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.incident.identity import IncidentRef
     from workflows.incident.jobs import JobRecoveryFailed, JobWork
     from workflows.incident.kubernetes import KubernetesNode
-    from workflows.incident.outcome import cause_of, notification_for, outcome_label, recovery_outcome
+    from workflows.incident.outcome import cause_of, notification_for, recovery_outcome
     from workflows.incident.slurm_calls import fence_call, read_partitions
     from workflows.incident.steps import IncidentAborted, SearchIndex, Steps
     from workflows.incident.timeline import Timeline, last_action_at
@@ -71,8 +72,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.notify import notify
     from workflows.report import build_report
     from workflows.return_to_service import ReturnToServiceWorkflow, return_to_service_workflow_id
-
-__all__ = ["NodeRecoveryWorkflow", "incident_workflow_id", "outcome_label"]
 
 T = TypeVar("T")
 
@@ -235,10 +234,17 @@ class NodeRecoveryWorkflow:
         self._ask_patches()
         if self._policy_from_worker:
             # A local activity, the run's first command: what follows it asks no patch.
-            req = req.model_copy(update={"policy": await workflow.execute_local_activity_method(
-                PolicyActivities.incident_policy, req.policy, summary="The worker's policy for this incident",
-                start_to_close_timeout=timedelta(seconds=10), retry_policy=RetryPolicy(maximum_attempts=5),
-            )})
+            req = req.model_copy(
+                update={
+                    "policy": await workflow.execute_local_activity_method(
+                        PolicyActivities.incident_policy,
+                        req.policy,
+                        summary="The worker's policy for this incident",
+                        start_to_close_timeout=timedelta(seconds=10),
+                        retry_policy=RetryPolicy(maximum_attempts=5),
+                    )
+                }
+            )
         self._notify_enabled = req.policy.notify
         try:
             report = await self._handle(req)
@@ -246,16 +252,24 @@ class NodeRecoveryWorkflow:
             # Whatever the outcome (an abort, a failure): the budget must not wait for the lease
             # to expire. A no-op when no lease was asked for.
             await self._lease.release(self._outcome or "incident ended")
-        self._audit.decision("incident_outcome", incident=self._incident.incident_id, node=self._incident.node,
-                             reason=report.action, result=report.outcome)
+        self._audit.decision(
+            "incident_outcome",
+            incident=self._incident.incident_id,
+            node=self._incident.node,
+            reason=report.action,
+            result=report.outcome,
+        )
         kind = notification_for(report.outcome)
         if kind is not None:
             await self._notify(kind, f"{self._incident.node}: {report.outcome}")
         try:
             # By name: activities/telemetry.py imports this module.
             await workflow.execute_activity(
-                "record_incident", report, summary="Record the incident's metrics (OpenTelemetry)",
-                start_to_close_timeout=timedelta(seconds=10), retry_policy=RetryPolicy(maximum_attempts=3),
+                "record_incident",
+                report,
+                summary="Record the incident's metrics (OpenTelemetry)",
+                start_to_close_timeout=timedelta(seconds=10),
+                retry_policy=RetryPolicy(maximum_attempts=3),
             )
         except ActivityError as err:
             # Metrics never change an incident's outcome.
@@ -286,21 +300,36 @@ class NodeRecoveryWorkflow:
         assert first is not None
         policy = req.policy
         self._index.enabled = policy.search_attributes
-        self._index.update([sa.NODE.value_set(req.node), sa.XID.value_set(first.xid)]
-                           + ([sa.GPU.value_set(first.gpu)] if first.gpu else []), now=False)
-        workflow.set_current_details(f"Incident {incident_id}: XID {first.xid} on {req.node}, "
-                                     f"reported by {first.actor} via {first.source}: {first.reason}")
+        first_updates: list[SearchAttributeUpdate] = [sa.NODE.value_set(req.node), sa.XID.value_set(first.xid)]
+        if first.gpu:
+            first_updates.append(sa.GPU.value_set(first.gpu))
+        self._index.update(first_updates, now=False)
+        workflow.set_current_details(
+            f"Incident {incident_id}: XID {first.xid} on {req.node}, "
+            f"reported by {first.actor} via {first.source}: {first.reason}"
+        )
 
         # A local activity: a lookup in the policy table held in memory takes milliseconds, and
         # runs within the incident's first workflow task instead of a round trip through the server.
-        cls = self._classification = await self._steps.run("classify", workflow.execute_local_activity_method(
-            ClassifyActivities.classify_fault, first, start_to_close_timeout=timedelta(seconds=30),
-            summary=f"Classify XID {first.xid} by the fault policy table",
-        ), abortable=False, index_now=False)  # the report needs the classification
+        cls = self._classification = await self._steps.run(
+            "classify",
+            workflow.execute_local_activity_method(
+                ClassifyActivities.classify_fault,
+                first,
+                start_to_close_timeout=timedelta(seconds=30),
+                summary=f"Classify XID {first.xid} by the fault policy table",
+            ),
+            abortable=False,
+            index_now=False,
+        )  # the report needs the classification
         self._steps.note(f"XID {cls.xid} {cls.mnemonic}: {cls.fault_class.value}")
         ctx = ActionContext(
-            incident_id=incident_id, owner=policy.owner, actor=first.actor,
-            reason=f"{first.source}: {first.reason}", xid=first.xid, mnemonic=cls.mnemonic,
+            incident_id=incident_id,
+            owner=policy.owner,
+            actor=first.actor,
+            reason=f"{first.source}: {first.reason}",
+            xid=first.xid,
+            mnemonic=cls.mnemonic,
             dry_run=policy.dry_run,
         )
         action = "none"
@@ -311,9 +340,15 @@ class NodeRecoveryWorkflow:
                     return self._finish(first, action, "no_node_action", [], None)
                 # Repeated on one GPU, an "application" XID points at the GPU: fence, let a person decide.
                 action = "fence_and_escalate"
-                return await self._fence_and_escalate(req, ctx, first, action, f"escalated: {seen} application XIDs on "
-                                                      f"GPU {first.gpu or '(unnamed)'} within "
-                                                      f"{policy.application_xid_window_seconds:.0f} s")
+                return await self._fence_and_escalate(
+                    req,
+                    ctx,
+                    first,
+                    action,
+                    f"escalated: {seen} application XIDs on "
+                    f"GPU {first.gpu or '(unnamed)'} within "
+                    f"{policy.application_xid_window_seconds:.0f} s",
+                )
             action = "fence_and_escalate" if cls.fault_class == FaultClass.UNKNOWN else "recover"
             return await self._recover(req, first, cls, ctx, action)
         except ActivityError as err:
@@ -331,8 +366,9 @@ class NodeRecoveryWorkflow:
         self._steps.note(why)
         return self._finish(first, action, why, [], None)
 
-    async def _recover(self, req: RecoveryRequest, first: NodeFailureAlert, cls: FaultClassification,
-                       ctx: ActionContext, action: str) -> IncidentReport:
+    async def _recover(
+        self, req: RecoveryRequest, first: NodeFailureAlert, cls: FaultClassification, ctx: ActionContext, action: str
+    ) -> IncidentReport:
         policy, node = req.policy, req.node
         if cls.fault_class == FaultClass.UNKNOWN:
             return await self._fence_and_escalate(req, ctx, first, action, "escalated: unknown XID")
@@ -340,17 +376,35 @@ class NodeRecoveryWorkflow:
         pod, fenced_at = (await self._kubernetes.fence(node, ctx)) if policy.kubernetes else (None, None)
         jobs, denied = await self._find_jobs_and_lease(node, policy)
         if denied is not None:
-            return self._finish(first, action, f"denied: over budget ({denied.actor}: {denied.reason}); "
-                                "node stays drained, jobs left running", [], None)
+            return self._finish(
+                first,
+                action,
+                f"denied: over budget ({denied.actor}: {denied.reason}); node stays drained, jobs left running",
+                [],
+                None,
+            )
         await self._checkpoint_first(jobs, cls, policy, ctx)
         large = [s.job.job_id for s in jobs if len(s.job.nodes) >= policy.approval_min_job_nodes]
-        if large and await self._gates.approval("requeue", policy, f"requeue job(s) {', '.join(map(str, large))} "
-                                                f"off {node}, stopping their processes") == "deny":
+        if (
+            large
+            and await self._gates.approval(
+                "requeue", policy, f"requeue job(s) {', '.join(map(str, large))} off {node}, stopping their processes"
+            )
+            == "deny"
+        ):
             denied = self._gates.decisions[-1]
-            return self._finish(first, action, f"denied: requeue ({denied.actor}: {denied.reason}); node stays "
-                                "drained, jobs left running", [], None)
-        requeued = await self._steps.run("requeue", self._job_work.requeue(jobs, node, ctx, policy, self._jobs_together),
-                                         done_at=lambda results: last_action_at([a for r in results for a in r.actions]))
+            return self._finish(
+                first,
+                action,
+                f"denied: requeue ({denied.actor}: {denied.reason}); node stays drained, jobs left running",
+                [],
+                None,
+            )
+        requeued = await self._steps.run(
+            "requeue",
+            self._job_work.requeue(jobs, node, ctx, policy, self._jobs_together),
+            done_at=lambda results: last_action_at([a for r in results for a in r.actions]),
+        )
         await self._mark_down(node, fence, ctx)
         if pod is not None:
             await self._kubernetes.evict(pod, ctx)
@@ -359,13 +413,19 @@ class NodeRecoveryWorkflow:
             self._steps.skip("verify", "dry-run: no job was requeued")
             intended = sum(not a.executed for a in self._actions)
             return self._finish(first, action, f"dry_run: {intended} action(s) intended, none executed", [], None)
-        verifications = await self._steps.run("verify", self._job_work.verify(
-            jobs, requeued, node, policy.verify_deadline_seconds), done_at=_all_verified_at)
-        self._steps.note("; ".join(f"job {v.job_id}: {'ok' if v.verified else ', '.join(v.why_not)}"
-                                   for v in verifications))
+        verifications = await self._steps.run(
+            "verify",
+            self._job_work.verify(jobs, requeued, node, policy.verify_deadline_seconds),
+            done_at=_all_verified_at,
+        )
+        self._steps.note(
+            "; ".join(f"job {v.job_id}: {'ok' if v.verified else ', '.join(v.why_not)}" for v in verifications)
+        )
         if not fence.owned_by_other:
-            await self._steps.run("return_to_service", self._start_return_to_service(
-                node, ctx, policy, pod.node if pod is not None else None))
+            await self._steps.run(
+                "return_to_service",
+                self._start_return_to_service(node, ctx, policy, pod.node if pod is not None else None),
+            )
         return self._finish(first, action, recovery_outcome(no_replacement, spare, verifications), verifications, spare)
 
     # --- the steps of the story -----------------------------------------------------------------
@@ -375,12 +435,20 @@ class NodeRecoveryWorkflow:
             held = await self._steps.run("breaker", self._pass_breaker(req.node, req.policy), index_now=False)
             if held is not None:
                 raise FenceHeld(held)
-        await self._notify(NotificationKind.INCIDENT_OPENED,
-                           f"XID {ctx.xid} {ctx.mnemonic} on {req.node} ({ctx.reason}): draining the node")
-        fence = await self._steps.run("drain", fence_call(
-            FencingActivities.drain_node, NodeRequest(node=req.node, ctx=ctx),
-            f"Drain {req.node} in Slurm: no new work lands on it",
-        ), index_now=False, done_at=lambda drained: drained.action.at)
+        await self._notify(
+            NotificationKind.INCIDENT_OPENED,
+            f"XID {ctx.xid} {ctx.mnemonic} on {req.node} ({ctx.reason}): draining the node",
+        )
+        fence = await self._steps.run(
+            "drain",
+            fence_call(
+                FencingActivities.drain_node,
+                NodeRequest(node=req.node, ctx=ctx),
+                f"Drain {req.node} in Slurm: no new work lands on it",
+            ),
+            index_now=False,
+            done_at=lambda drained: drained.action.at,
+        )
         self._actions.append(fence.action)
         self._steps.note(fence.action.detail)
         return fence
@@ -390,7 +458,8 @@ class NodeRecoveryWorkflow:
         nothing drained, until an operator resets the breaker or answers for this node, or until
         fence_hold_seconds pass. Returns why the node stays undrained, or None: fence it."""
         scope = self._fence_scope = await fence_call(
-            FencingActivities.fence_scope, node, f"Read {node}'s Slurm partitions and the cluster's size")
+            FencingActivities.fence_scope, node, f"Read {node}'s Slurm partitions and the cluster's size"
+        )
         state = await self._lease.ask_to_fence(self._incident.incident_id, node, scope, in_task=True)
         if state.fence_held:
             hold = timedelta(seconds=policy.fence_hold_seconds)
@@ -401,76 +470,108 @@ class NodeRecoveryWorkflow:
             answer = self._gates.close()
             if state.fence_held:
                 if answer is None:
-                    return f"held: the fence circuit breaker stayed tripped for {hold.total_seconds():.0f} s; " \
-                           "nothing was drained"
+                    return (
+                        f"held: the fence circuit breaker stayed tripped for {hold.total_seconds():.0f} s; "
+                        "nothing was drained"
+                    )
                 if answer.kind == "deny":
-                    return f"denied: fence past the tripped breaker ({answer.actor}: {answer.reason}); nothing was drained"
+                    return (
+                        f"denied: fence past the tripped breaker ({answer.actor}: {answer.reason}); nothing was drained"
+                    )
                 state = await self._lease.approve_fence(OperatorDecision(actor=answer.actor, reason=answer.reason))
         self._steps.note(f"fence permitted by {state.granted_by or 'policy'}: {state.reason}")
         return None
 
-    async def _fence_and_escalate(self, req: RecoveryRequest, ctx: ActionContext, first: NodeFailureAlert,
-                                  action: str, why: str) -> IncidentReport:
+    async def _fence_and_escalate(
+        self, req: RecoveryRequest, ctx: ActionContext, first: NodeFailureAlert, action: str, why: str
+    ) -> IncidentReport:
         """Drain only: nothing lands on the node, running jobs go on, a person decides the rest."""
         await self._drain(req, ctx)
         return self._finish(first, action, f"{why}: node drained, jobs left running", [], None)
 
-    async def _find_jobs_and_lease(self, node: str,
-                                   policy: RecoveryPolicy) -> tuple[list[JobSnapshot], DecisionRecord | None]:
+    async def _find_jobs_and_lease(
+        self, node: str, policy: RecoveryPolicy
+    ) -> tuple[list[JobSnapshot], DecisionRecord | None]:
         """The node's jobs, then the fleet budget's lease for them. Returns the jobs, and an
         operator's denial of the lease (or None)."""
         takes_lease = policy.fleet_budget and not policy.dry_run
         # The budget needs the node's partitions: read (a read only) with its jobs, not after them.
-        partitions = (_known(self._fence_scope.partitions) if self._fence_scope is not None
-                      else read_partitions(node) if takes_lease else None)
-        jobs = self._jobs = await self._steps.run("find_jobs", fence_call(
-            JobActivities.find_jobs, node, f"Find the jobs running on {node}",
-        ), index_now=False)
+        partitions = (
+            _known(self._fence_scope.partitions)
+            if self._fence_scope is not None
+            else read_partitions(node)
+            if takes_lease
+            else None
+        )
+        jobs = self._jobs = await self._steps.run(
+            "find_jobs",
+            fence_call(
+                JobActivities.find_jobs,
+                node,
+                f"Find the jobs running on {node}",
+            ),
+            index_now=False,
+        )
         self._steps.note(", ".join(str(j.job.job_id) for j in jobs) or "no jobs")
-        self._index.update([sa.JOB_IDS.value_set([str(j.job.job_id) for j in jobs]),
-                            sa.PEER_NODES.value_set(self._peer_nodes())], now=False)
+        self._index.update(
+            [sa.JOB_IDS.value_set([str(j.job.job_id) for j in jobs]), sa.PEER_NODES.value_set(self._peer_nodes())],
+            now=False,
+        )
         if policy.dry_run:
             self._steps.skip("budget", "dry-run: no lease taken from the fleet disruption budget")
         elif takes_lease:
             return jobs, await self._steps.run("budget", self._take_lease(node, jobs, partitions))
         return jobs, None
 
-    async def _take_lease(self, node: str, jobs: list[JobSnapshot],
-                          partitions: Awaitable[list[PartitionShare]] | None) -> DecisionRecord | None:
+    async def _take_lease(
+        self, node: str, jobs: list[JobSnapshot], partitions: Awaitable[list[PartitionShare]] | None
+    ) -> DecisionRecord | None:
         """The fleet budget's lease, before the first destructive step. Over budget, the incident
         waits here, fenced (drained, nothing killed), until the budget frees up or an operator
         answers (no deadline). Returns an operator's denial, or None once the lease is held.
         `partitions`: the node's partitions being read already, or None to read them now."""
         shares = await (partitions if partitions is not None else read_partitions(node))
-        lease = await self._lease.request(self._incident.incident_id, node, shares,
-                                          job_ids=[snap.job.job_id for snap in jobs], in_task=True)
+        lease = await self._lease.request(
+            self._incident.incident_id, node, shares, job_ids=[snap.job.job_id for snap in jobs], in_task=True
+        )
         if lease.waiting:
             self._steps.note(f"over budget, waiting drained with nothing killed: {lease.reason}")
-            await self._gates.ask("budget", f"put {node} under remediation although the fleet disruption budget is "
-                                  f"spent ({lease.reason})", None)
+            await self._gates.ask(
+                "budget",
+                f"put {node} under remediation although the fleet disruption budget is spent ({lease.reason})",
+                None,
+            )
             await self._lease.wait_granted(stop=lambda: self._gates.answer is not None)
             answer = self._gates.close()
             if not self._lease.granted:
                 assert answer is not None
                 if answer.kind == "deny":
                     return answer
-                lease = await self._lease.approve_over_budget(OperatorDecision(actor=answer.actor,
-                                                                               reason=answer.reason))
+                lease = await self._lease.approve_over_budget(
+                    OperatorDecision(actor=answer.actor, reason=answer.reason)
+                )
         lease = self._lease.state or lease
-        self._steps.note(f"lease granted by {lease.granted_by or 'policy'}: {lease.reason}"
-                         + ("; the node is a quarantined lemon: it will not return to service automatically"
-                            if lease.quarantined else ""))
+        self._steps.note(
+            f"lease granted by {lease.granted_by or 'policy'}: {lease.reason}"
+            + (
+                "; the node is a quarantined lemon: it will not return to service automatically"
+                if lease.quarantined
+                else ""
+            )
+        )
         return None
 
-    async def _checkpoint_first(self, jobs: list[JobSnapshot], cls: FaultClassification, policy: RecoveryPolicy,
-                                ctx: ActionContext) -> None:
+    async def _checkpoint_first(
+        self, jobs: list[JobSnapshot], cls: FaultClassification, policy: RecoveryPolicy, ctx: ActionContext
+    ) -> None:
         """SIGUSR1 to every job, then, for a degrading fault, the grace period for its checkpoint."""
         await self._steps.run("signal", self._job_work.signal(jobs, ctx), index_now=False)
         if policy.dry_run:
             self._steps.skip("grace", "dry-run: no job was signalled, no checkpoint to wait for")
         elif cls.fault_class == FaultClass.DEGRADING and policy.degrading_grace_seconds > 0:
-            await self._steps.run("grace", self._job_work.grace(jobs, policy.degrading_grace_seconds,
-                                                                policy.checkpoint_poll_seconds))
+            await self._steps.run(
+                "grace", self._job_work.grace(jobs, policy.degrading_grace_seconds, policy.checkpoint_poll_seconds)
+            )
         else:
             self._steps.skip("grace", f"{cls.fault_class.value} XID: the GPU is gone, no checkpoint to wait for")
 
@@ -478,21 +579,42 @@ class NodeRecoveryWorkflow:
         if fence.owned_by_other:
             self._steps.skip("mark_down", "left as found: drained by someone else")
             return
-        down = await self._steps.run("mark_down", workflow.execute_activity_method(
-            FencingActivities.mark_node_down, NodeRequest(node=node, ctx=ctx),
-            summary=f"Mark {node} DOWN in Slurm now that its jobs are off it", **SLURM_CALL,
-        ), done_at=lambda marked: marked.action.at)
+        down = await self._steps.run(
+            "mark_down",
+            workflow.execute_activity_method(
+                FencingActivities.mark_node_down,
+                NodeRequest(node=node, ctx=ctx),
+                summary=f"Mark {node} DOWN in Slurm now that its jobs are off it",
+                **SLURM_CALL,
+            ),
+            done_at=lambda marked: marked.action.at,
+        )
         self._actions.append(down.action)
         self._steps.note(down.action.detail)
 
-    async def _replace(self, node: str, jobs: list[JobSnapshot], pod: SlurmdPod | None, fenced_at: datetime | None,
-                       ctx: ActionContext, policy: RecoveryPolicy) -> tuple[str | None, SpareResult | None]:
+    async def _replace(
+        self,
+        node: str,
+        jobs: list[JobSnapshot],
+        pod: SlurmdPod | None,
+        fenced_at: datetime | None,
+        ctx: ActionContext,
+        policy: RecoveryPolicy,
+    ) -> tuple[str | None, SpareResult | None]:
         """Replacement capacity, where it is wanted and allowed. Returns why there is none (or
         None), and the spare."""
-        if (self._idle_node_keeps_spare and not jobs and pod is None and policy.spare_nodes
-                and not policy.spare_for_idle_node):
-            self._steps.skip("request_replacement", f"no job was on {node}: the hot spares stay on standby for a "
-                             "job to resume (spare_for_idle_node is off)")
+        if (
+            self._idle_node_keeps_spare
+            and not jobs
+            and pod is None
+            and policy.spare_nodes
+            and not policy.spare_for_idle_node
+        ):
+            self._steps.skip(
+                "request_replacement",
+                f"no job was on {node}: the hot spares stay on standby for a "
+                "job to resume (spare_for_idle_node is off)",
+            )
             return None, None
         if await self._gates.approval("replacement", policy, f"bring in replacement capacity for {node}") == "deny":
             denied = self._gates.decisions[-1]
@@ -509,32 +631,46 @@ class NodeRecoveryWorkflow:
         node = self._incident.node
         earlier = await workflow.execute_activity_method(
             ClassifyActivities.count_application_incidents,
-            ApplicationXidCountRequest(node=node, gpu=first.gpu, this_run_id=workflow.info().run_id,
-                                       window_seconds=policy.application_xid_window_seconds),
+            ApplicationXidCountRequest(
+                node=node,
+                gpu=first.gpu,
+                this_run_id=workflow.info().run_id,
+                window_seconds=policy.application_xid_window_seconds,
+            ),
             summary=f"Count recent application XIDs on {node} GPU {first.gpu or '(unnamed)'}",
             **SLURM_CALL,
         )
         seen = earlier + 1
-        self._steps.note(f"{seen} of {policy.application_xid_threshold} application XID(s) on GPU "
-                         f"{first.gpu or '(unnamed)'} within {policy.application_xid_window_seconds:.0f} s")
+        self._steps.note(
+            f"{seen} of {policy.application_xid_threshold} application XID(s) on GPU "
+            f"{first.gpu or '(unnamed)'} within {policy.application_xid_window_seconds:.0f} s"
+        )
         return seen
 
-    async def _start_return_to_service(self, node: str, ctx: ActionContext, policy: RecoveryPolicy,
-                                       kubernetes_node: str | None) -> None:
+    async def _start_return_to_service(
+        self, node: str, ctx: ActionContext, policy: RecoveryPolicy, kubernetes_node: str | None
+    ) -> None:
         """Hands the fenced node to a workflow that outlives this incident and resumes the node
         once it is repaired and healthy."""
         workflow_id = return_to_service_workflow_id(ctx.incident_id)
         await workflow.start_child_workflow(
             ReturnToServiceWorkflow.run,
             ReturnToServiceRequest(
-                node=node, poll_seconds=policy.repair_poll_seconds, kubernetes_node=kubernetes_node,
+                node=node,
+                poll_seconds=policy.repair_poll_seconds,
+                kubernetes_node=kubernetes_node,
                 fleet_budget=policy.fleet_budget,
                 lemon=self._lease.state.quarantined if self._lease.state is not None else None,
                 give_up_at=workflow.now() + timedelta(seconds=policy.repair_wait_seconds),
-                ctx=ctx.model_copy(update={"actor": f"{policy.owner} policy",
-                                           "reason": f"return to service after repair (incident {ctx.incident_id})"}),
+                ctx=ctx.model_copy(
+                    update={
+                        "actor": f"{policy.owner} policy",
+                        "reason": f"return to service after repair (incident {ctx.incident_id})",
+                    }
+                ),
             ),
-            id=workflow_id, parent_close_policy=ParentClosePolicy.ABANDON,
+            id=workflow_id,
+            parent_close_policy=ParentClosePolicy.ABANDON,
             static_summary=f"Return {node} to service once repaired",
         )
         self._return_to_service = workflow_id
@@ -543,12 +679,23 @@ class NodeRecoveryWorkflow:
     async def _notify(self, kind: NotificationKind, summary: str) -> None:
         """Hands a notification to its own workflow and goes on (delivery never holds up a recovery)."""
         if self._notify_enabled:
-            await notify(Notification(kind=kind, incident_id=self._incident.incident_id, node=self._incident.node,
-                                      at=workflow.now(), summary=summary[:1000]))
+            await notify(
+                Notification(
+                    kind=kind,
+                    incident_id=self._incident.incident_id,
+                    node=self._incident.node,
+                    at=workflow.now(),
+                    summary=summary[:1000],
+                )
+            )
 
     def _finish(
-        self, first: NodeFailureAlert, action: str, outcome: str,
-        verifications: list[JobVerification], spare: SpareResult | None,
+        self,
+        first: NodeFailureAlert,
+        action: str,
+        outcome: str,
+        verifications: list[JobVerification],
+        spare: SpareResult | None,
     ) -> IncidentReport:
         assert self._classification is not None
         if any(not a.executed for a in self._actions) and not outcome.startswith("dry_run"):
@@ -559,11 +706,22 @@ class NodeRecoveryWorkflow:
         self._index.update([sa.PHASE.value_set("done"), sa.OUTCOME.value_set(outcome_label(outcome))])
         workflow.set_current_details(f"Incident {self._incident.incident_id} on {self._incident.node}: {outcome}")
         return build_report(
-            incident_id=self._incident.incident_id, node=self._incident.node, classification=self._classification,
-            action=action, outcome=outcome, failure_at=first.observed_at, phases=timeline.phases,
-            jobs=self._jobs, verifications=verifications, spare=spare, alerts=self._alerts.kept(),
-            alert_counts=self._alerts.counts(), actions=self._actions, decisions=self._gates.decisions,
-            return_to_service=self._return_to_service, failed_together=self._job_work.failed_together,
+            incident_id=self._incident.incident_id,
+            node=self._incident.node,
+            classification=self._classification,
+            action=action,
+            outcome=outcome,
+            failure_at=first.observed_at,
+            phases=timeline.phases,
+            jobs=self._jobs,
+            verifications=verifications,
+            spare=spare,
+            alerts=self._alerts.kept(),
+            alert_counts=self._alerts.counts(),
+            actions=self._actions,
+            decisions=self._gates.decisions,
+            return_to_service=self._return_to_service,
+            failed_together=self._job_work.failed_together,
         )
 
 

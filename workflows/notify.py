@@ -36,8 +36,10 @@ class NotificationWorkflow:
     @workflow.run
     async def run(self, notification: Notification) -> DeliveryResult:
         return await workflow.execute_activity_method(
-            NotifyActivities.deliver_notification, notification,
-            start_to_close_timeout=timedelta(seconds=30), schedule_to_close_timeout=DELIVERY_DEADLINE,
+            NotifyActivities.deliver_notification,
+            notification,
+            start_to_close_timeout=timedelta(seconds=30),
+            schedule_to_close_timeout=DELIVERY_DEADLINE,
             retry_policy=DELIVERY_RETRY,
             summary=f"POST the {notification.kind} notification of {notification.incident_id} to the webhook",
         )
@@ -47,7 +49,9 @@ async def notify(notification: Notification) -> None:
     """Hand the notification over and return at once; its delivery goes on without the caller."""
     try:
         await workflow.start_child_workflow(
-            NotificationWorkflow.run, notification, id=notification_workflow_id(notification),
+            NotificationWorkflow.run,
+            notification,
+            id=notification_workflow_id(notification),
             parent_close_policy=workflow.ParentClosePolicy.ABANDON,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             static_summary=f"Notify {notification.kind}: {notification.node}",

@@ -30,8 +30,9 @@ def seconds_between(start: datetime, end: datetime | None) -> float | None:
 
 def job_report(snapshot: JobSnapshot, verification: JobVerification | None, failure_at: datetime) -> JobReport:
     job = snapshot.job
-    report = JobReport(job_id=job.job_id, restart_count=job.restart_count, nodes_before=job.nodes,
-                       nodes_after=[], verified=False)
+    report = JobReport(
+        job_id=job.job_id, restart_count=job.restart_count, nodes_before=job.nodes, nodes_after=[], verified=False
+    )
     if verification is None:
         return report
     report.restart_count = verification.restart_count_after
@@ -82,11 +83,22 @@ def build_report(
     for job in job_reports:
         job.failed_together = [peer for peer in (failed_together or {}).get(job.job_id, []) if peer.node != node]
     report = IncidentReport(
-        incident_id=incident_id, node=node, xid=classification.xid, fault_class=classification.fault_class,
-        action=action, outcome=outcome, failure_at=failure_at, phases=phases, jobs=job_reports,
-        alerts=alerts, alert_counts=alert_counts, actions=[a for a in actions if a.executed], decisions=decisions or [],
+        incident_id=incident_id,
+        node=node,
+        xid=classification.xid,
+        fault_class=classification.fault_class,
+        action=action,
+        outcome=outcome,
+        failure_at=failure_at,
+        phases=phases,
+        jobs=job_reports,
+        alerts=alerts,
+        alert_counts=alert_counts,
+        actions=[a for a in actions if a.executed],
+        decisions=decisions or [],
         return_to_service=return_to_service,
-        intended_actions=[a for a in actions if not a.executed], dry_run=any(not a.executed for a in actions),
+        intended_actions=[a for a in actions if not a.executed],
+        dry_run=any(not a.executed for a in actions),
     )
     if spare is not None:
         report.spare_node = spare.node

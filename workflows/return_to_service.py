@@ -48,41 +48,54 @@ class ReturnToServiceWorkflow:
                 waiting_for = f"quarantined as a lemon; `recovery release-quarantine {req.node}` lets it return"
             else:
                 if req.kubernetes_node is not None and not req.kubernetes_unfenced:
-                    await self._unfence_when_healthy(req)
+                    await self._unfence_when_healthy(req, req.kubernetes_node)
                 check = await workflow.execute_activity_method(
-                    FencingActivities.return_to_service, NodeRequest(node=req.node, ctx=req.ctx),
+                    FencingActivities.return_to_service,
+                    NodeRequest(node=req.node, ctx=req.ctx),
                     summary=f"Is {req.node} repaired? Resume it if healthy and still fenced by incident "
-                            f"{req.ctx.incident_id}", **SLURM_CALL,
+                    f"{req.ctx.incident_id}",
+                    **SLURM_CALL,
                 )
                 req.checks += 1
                 if check.action is not None:
                     req.actions.append(check.action)
                 if check.final:
-                    return ReturnToServiceResult(node=req.node, returned=check.returned, outcome=check.detail,
-                                                 checks=req.checks, actions=req.actions)
+                    return ReturnToServiceResult(
+                        node=req.node,
+                        returned=check.returned,
+                        outcome=check.detail,
+                        checks=req.checks,
+                        actions=req.actions,
+                    )
                 waiting_for = check.detail
             if workflow.now() >= req.give_up_at:
                 return ReturnToServiceResult(
-                    node=req.node, returned=False, checks=req.checks, actions=req.actions,
-                    outcome=f"not returned by {req.give_up_at:%Y-%m-%d %H:%M} UTC ({waiting_for}): "
-                            "left out of service",
+                    node=req.node,
+                    returned=False,
+                    checks=req.checks,
+                    actions=req.actions,
+                    outcome=f"not returned by {req.give_up_at:%Y-%m-%d %H:%M} UTC ({waiting_for}): left out of service",
                 )
             workflow.set_current_details(f"Waiting for {req.node} to be repaired: {waiting_for}")
             await workflow.sleep(timedelta(seconds=req.poll_seconds))
         workflow.continue_as_new(req)
 
-    async def _unfence_when_healthy(self, req: ReturnToServiceRequest) -> None:
+    async def _unfence_when_healthy(self, req: ReturnToServiceRequest, kubernetes_node: str) -> None:
         """Slurm on Kubernetes: once the health check passes, undo the incident's fence of the
         Node (its prior cordon, taints and condition come back), so slurmd can run there again."""
         health = await workflow.execute_activity_method(
-            ReplacementActivities.check_node_health, req.node,
-            summary=f"Run the health check hook on {req.node}", **SLURM_CALL,
+            ReplacementActivities.check_node_health,
+            req.node,
+            summary=f"Run the health check hook on {req.node}",
+            **SLURM_CALL,
         )
         if not health.healthy:
             return
         unfenced = await workflow.execute_activity_method(
-            KubernetesActivities.unfence_k8s_node, K8sNodeRequest(node=req.kubernetes_node, ctx=req.ctx),
-            summary=f"Undo incident {req.ctx.incident_id}'s fence of Node {req.kubernetes_node}", **K8S_CALL,
+            KubernetesActivities.unfence_k8s_node,
+            K8sNodeRequest(node=kubernetes_node, ctx=req.ctx),
+            summary=f"Undo incident {req.ctx.incident_id}'s fence of Node {kubernetes_node}",
+            **K8S_CALL,
         )
         req.actions.extend(unfenced.actions)
         req.kubernetes_unfenced = True

@@ -30,6 +30,8 @@ class SpareClaimWorkflow:
     @workflow.run
     async def run(self, req: ReplacementRequest) -> ReplacementResult:
         return await workflow.execute_activity_method(
-            ReplacementActivities.request_replacement, req,
-            summary=f"Claim and resume hot spare {', '.join(req.spare_nodes)} for {req.failed_node}", **SLURM_CALL,
+            ReplacementActivities.request_replacement,
+            req,
+            summary=f"Claim and resume hot spare {', '.join(req.spare_nodes)} for {req.failed_node}",
+            **SLURM_CALL,
         )

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from kubernetes import watch
+from kubernetes.client import V1Node, V1NodeSpec, V1NodeStatus, V1ObjectMeta, V1Pod, V1PodSpec
 from kubernetes.client.exceptions import ApiException
 
 from backends.kubernetes.errors import ConflictPersists
@@ -29,12 +30,45 @@ async def call(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     return await asyncio.to_thread(fn, *args, **kwargs)
 
 
+# The client's models type every field optional. An object the API server sends always has its
+# metadata (with a name and a uid), and a Node or a pod its spec and status: these say so to the
+# type checker, and fail loudly on an object that does not.
+
+
+def meta(obj: V1Node | V1Pod) -> V1ObjectMeta:
+    return _sent(obj.metadata, obj, "metadata")
+
+
+def uid_of(obj: V1Node | V1Pod) -> str:
+    return _sent(meta(obj).uid, obj, "metadata.uid")
+
+
+def node_spec(node: V1Node) -> V1NodeSpec:
+    return _sent(node.spec, node, "spec")
+
+
+def node_status(node: V1Node) -> V1NodeStatus:
+    return _sent(node.status, node, "status")
+
+
+def pod_spec(pod: V1Pod) -> V1PodSpec:
+    return _sent(pod.spec, pod, "spec")
+
+
+def _sent(value: T | None, obj: object, field: str) -> T:
+    if value is None:
+        raise ValueError(f"a {type(obj).__name__} without {field}: not as the API server sends it")
+    return value
+
+
 def status_of(error: BaseException) -> int | None:
     return error.status if isinstance(error, ApiException) else None
 
 
 async def update_optimistically(
-    read: Callable[[], Awaitable[T]], write: Callable[[T], Awaitable[Any]], what: str,
+    read: Callable[[], Awaitable[T]],
+    write: Callable[[T], Awaitable[Any]],
+    what: str,
 ) -> Any:
     """Read, let `write` change and PUT the object with the resourceVersion it was read at, and
     start over on 409 Conflict: a write never overwrites a change it did not see (a taint another
@@ -52,7 +86,11 @@ async def update_optimistically(
 async def watch_until(
     list_fn: Callable[..., Any],
     check: Callable[[dict[str, Any]], Awaitable[tuple[T | None, str]]],
-    *, deadline: float, watch_seconds: int, progress: Progress, **list_kwargs: Any,
+    *,
+    deadline: float,
+    watch_seconds: int,
+    progress: Progress,
+    **list_kwargs: Any,
 ) -> tuple[T | None, str]:
     """Keep a cache of the objects `list_fn` lists (by name), run `check` on it after the list and
     after each watch window, until `check` returns a result or the monotonic `deadline` passes.
@@ -85,14 +123,24 @@ async def watch_until(
             resource_version = None
 
 
-def _watch_window(list_fn: Callable[..., Any], objects: dict[str, Any], resource_version: str, seconds: int,
-                  list_kwargs: dict[str, Any]) -> str:
+def _watch_window(
+    list_fn: Callable[..., Any],
+    objects: dict[str, Any],
+    resource_version: str,
+    seconds: int,
+    list_kwargs: dict[str, Any],
+) -> str:
     """One watch (in a worker thread): applies the first event to `objects`, returns the
     resourceVersion to go on from."""
     stream = watch.Watch()
-    for event in stream.stream(list_fn, resource_version=resource_version, timeout_seconds=seconds,
-                               allow_watch_bookmarks=True, _request_timeout=seconds + WATCH_GRACE_SECONDS,
-                               **list_kwargs):
+    for event in stream.stream(
+        list_fn,
+        resource_version=resource_version,
+        timeout_seconds=seconds,
+        allow_watch_bookmarks=True,
+        _request_timeout=seconds + WATCH_GRACE_SECONDS,
+        **list_kwargs,
+    ):
         obj = event["object"]
         if event["type"] == "DELETED":
             objects.pop(obj.metadata.name, None)

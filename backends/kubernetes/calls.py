@@ -42,19 +42,32 @@ UPDATE_NODE_STATUS = ApiCall("PUT", "/api/v1/nodes/{name}/status", "", "nodes/st
 DELETE_NODE = ApiCall("DELETE", "/api/v1/nodes/{name}", "", "nodes", "delete")
 LIST_PODS = ApiCall("GET", "/api/v1/namespaces/{namespace}/pods", "", "pods", "list", namespaced=True)
 WATCH_PODS = ApiCall("GET", "/api/v1/namespaces/{namespace}/pods?watch=true", "", "pods", "watch", namespaced=True)
-EVICT_POD = ApiCall("POST", "/api/v1/namespaces/{namespace}/pods/{name}/eviction", "", "pods/eviction", "create",
-                    namespaced=True)
+EVICT_POD = ApiCall(
+    "POST", "/api/v1/namespaces/{namespace}/pods/{name}/eviction", "", "pods/eviction", "create", namespaced=True
+)
 READ_NODESET = ApiCall("GET", _NODESET, NODESET_GROUP, NODESET_PLURAL, "get", namespaced=True)
 UPDATE_NODESET = ApiCall("PUT", _NODESET, NODESET_GROUP, NODESET_PLURAL, "update", namespaced=True)
-READ_NODESET_SCALE = ApiCall("GET", _NODESET + "/scale", NODESET_GROUP, NODESET_PLURAL + "/scale", "get",
-                             namespaced=True)
-UPDATE_NODESET_SCALE = ApiCall("PUT", _NODESET + "/scale", NODESET_GROUP, NODESET_PLURAL + "/scale", "update",
-                               namespaced=True)
+READ_NODESET_SCALE = ApiCall(
+    "GET", _NODESET + "/scale", NODESET_GROUP, NODESET_PLURAL + "/scale", "get", namespaced=True
+)
+UPDATE_NODESET_SCALE = ApiCall(
+    "PUT", _NODESET + "/scale", NODESET_GROUP, NODESET_PLURAL + "/scale", "update", namespaced=True
+)
 
 API_CALLS: tuple[ApiCall, ...] = (
-    READ_NODE, LIST_NODES, WATCH_NODES, UPDATE_NODE, UPDATE_NODE_STATUS, DELETE_NODE,
-    LIST_PODS, WATCH_PODS, EVICT_POD,
-    READ_NODESET, UPDATE_NODESET, READ_NODESET_SCALE, UPDATE_NODESET_SCALE,
+    READ_NODE,
+    LIST_NODES,
+    WATCH_NODES,
+    UPDATE_NODE,
+    UPDATE_NODE_STATUS,
+    DELETE_NODE,
+    LIST_PODS,
+    WATCH_PODS,
+    EVICT_POD,
+    READ_NODESET,
+    UPDATE_NODESET,
+    READ_NODESET_SCALE,
+    UPDATE_NODESET_SCALE,
 )
 
 

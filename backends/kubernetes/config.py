@@ -18,8 +18,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kubernetes.client import ApiClient, Configuration
+from kubernetes.client.rest import RESTResponse
 from kubernetes.config import load_kube_config
 from kubernetes.config.incluster_config import (
     SERVICE_HOST_ENV_NAME,
@@ -41,10 +43,23 @@ class TimedApiClient(ApiClient):
         super().__init__(configuration)
         self.request_timeout = request_timeout
 
-    def call_api(self, method, url, header_params=None, body=None, post_params=None,  # noqa: ANN001
-                 _request_timeout=None):
-        return super().call_api(method, url, header_params, body, post_params,
-                                self.request_timeout if _request_timeout is None else _request_timeout)
+    def call_api(
+        self,
+        method: str,
+        url: str,
+        header_params: Any = None,
+        body: Any = None,
+        post_params: Any = None,
+        _request_timeout: Any = None,
+    ) -> RESTResponse:
+        return super().call_api(
+            method,
+            url,
+            header_params,
+            body,
+            post_params,
+            self.request_timeout if _request_timeout is None else _request_timeout,
+        )
 
 
 @dataclass(frozen=True)
@@ -63,21 +78,27 @@ def load_api_client(settings: KubernetesSettings, environ: Mapping[str, str] = o
     if environ.get(SERVICE_HOST_ENV_NAME) and token.is_file():
         configuration = Configuration()
         InClusterConfigLoader(
-            token_filename=str(token), cert_filename=str(settings.service_account_dir / "ca.crt"), environ=environ,
+            token_filename=str(token),
+            cert_filename=str(settings.service_account_dir / "ca.crt"),
+            environ=environ,
         ).load_and_set(configuration)
-        return LoadedClient(TimedApiClient(configuration, settings.request_timeout_seconds),
-                            f"in-cluster service account ({settings.service_account_dir})")
+        return LoadedClient(
+            TimedApiClient(configuration, settings.request_timeout_seconds),
+            f"in-cluster service account ({settings.service_account_dir})",
+        )
     home = Path(environ.get("HOME") or Path.home())
     default = home / ".kube" / "config"
     if default.is_file():
         return _from_kubeconfig(str(default), settings, "~/.kube/config")
     raise NoKubernetesConfig(
         "no Kubernetes configuration: set RECOVERY_K8S_KUBECONFIG or KUBECONFIG, run in a pod with a "
-        f"service account ({token}), or provide {default}")
+        f"service account ({token}), or provide {default}"
+    )
 
 
 def _from_kubeconfig(path: str, settings: KubernetesSettings, source: str) -> LoadedClient:
     configuration = Configuration()
-    load_kube_config(config_file=path, context=settings.context, client_configuration=configuration,
-                     persist_config=False)
+    load_kube_config(
+        config_file=path, context=settings.context, client_configuration=configuration, persist_config=False
+    )
     return LoadedClient(TimedApiClient(configuration, settings.request_timeout_seconds), f"{source} ({path})")

@@ -8,6 +8,7 @@ the NodeSet's StatefulSet mode, the Node's name in its DaemonSet mode).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -25,7 +26,7 @@ from kubernetes.client import (
 from kubernetes.client.exceptions import ApiException
 
 from backends.kubernetes import calls
-from backends.kubernetes.api import Progress, call, watch_until
+from backends.kubernetes.api import Progress, call, meta, pod_spec, watch_until
 from backends.kubernetes.errors import EvictionBlocked, SlurmdPodNotFound
 from contracts.audit import record
 from contracts.kubernetes import EvictResult, SlurmdPod
@@ -37,11 +38,16 @@ MAX_BACKOFF_SECONDS = 30.0
 def slurmd_pod(pod: V1Pod) -> SlurmdPod:
     conditions = (pod.status.conditions if pod.status else None) or []
     ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+    metadata, spec = meta(pod), pod_spec(pod)
     return SlurmdPod(
-        namespace=pod.metadata.namespace, name=pod.metadata.name, uid=pod.metadata.uid,
-        node=pod.spec.node_name or None, slurm_node=pod.spec.hostname or pod.metadata.name,
-        created_at=pod.metadata.creation_timestamp, ready=ready,
-        terminating=pod.metadata.deletion_timestamp is not None,
+        namespace=metadata.namespace,
+        name=metadata.name,
+        uid=metadata.uid,
+        node=spec.node_name or None,
+        slurm_node=spec.hostname or metadata.name,
+        created_at=metadata.creation_timestamp,
+        ready=ready,
+        terminating=metadata.deletion_timestamp is not None,
     )
 
 
@@ -51,8 +57,7 @@ class SlurmdPods:
         self._namespace, self._selector, self._watch_seconds = namespace, selector, watch_seconds
 
     async def list(self, **selectors: str) -> list[SlurmdPod]:
-        listed = await call(self._core.list_namespaced_pod, self._namespace, label_selector=self._selector,
-                            **selectors)
+        listed = await call(self._core.list_namespaced_pod, self._namespace, label_selector=self._selector, **selectors)
         return [slurmd_pod(p) for p in listed.items]
 
     async def locate(self, slurm_node: str) -> SlurmdPod:
@@ -61,10 +66,11 @@ class SlurmdPods:
         pods = sorted((p for p in await self.list() if p.slurm_node == slurm_node), key=lambda p: p.terminating)
         if not pods:
             raise SlurmdPodNotFound(
-                f"no pod in {self._namespace} matching {self._selector!r} has hostname {slurm_node}")
+                f"no pod in {self._namespace} matching {self._selector!r} has hostname {slurm_node}"
+            )
         return pods[0]
 
-    async def on_nodes(self) -> dict[str, list[SlurmdPod]]:
+    async def on_nodes(self) -> dict[str, builtins.list[SlurmdPod]]:  # list: the method above
         """Every slurmd pod by the Node it is bound to."""
         by_node: dict[str, list[SlurmdPod]] = {}
         for pod in await self.list():
@@ -78,8 +84,15 @@ class SlurmdPods:
         return found[0] if found else None
 
     async def evict(
-        self, pod: SlurmdPod, ctx: ActionContext, *, confirm: Callable[[], Awaitable[str]],
-        eviction_deadline: float, termination_deadline: float, first_backoff: float, progress: Progress,
+        self,
+        pod: SlurmdPod,
+        ctx: ActionContext,
+        *,
+        confirm: Callable[[], Awaitable[str]],
+        eviction_deadline: float,
+        termination_deadline: float,
+        first_backoff: float,
+        progress: Progress,
     ) -> EvictResult:
         """Evict `pod` (by uid) through the Eviction API, after `confirm` says it may go (it raises
         if not, and is asked again before every attempt); a 429 from a PodDisruptionBudget is
@@ -91,30 +104,62 @@ class SlurmdPods:
         refusals = 0
         if current is not None and not current.terminating:
             state, refusals, action = await self._evict_through_pdb(
-                pod, ctx, confirm, time.monotonic() + eviction_deadline, first_backoff, progress)
+                pod, ctx, confirm, time.monotonic() + eviction_deadline, first_backoff, progress
+            )
             actions.append(action)
             if ctx.dry_run:
-                return EvictResult(pod=pod, evicted=False, terminated=False, pdb_refusals=0, slurm_state=state,
-                                   detail=action.detail, actions=actions)
+                return EvictResult(
+                    pod=pod,
+                    evicted=False,
+                    terminated=False,
+                    pdb_refusals=0,
+                    slurm_state=state,
+                    detail=action.detail,
+                    actions=actions,
+                )
         else:
-            actions.append(record("evict_slurmd_pod", f"pod {pod.namespace}/{pod.name}", "none", ctx,
-                                  "already gone" if current is None else "already terminating"))
+            actions.append(
+                record(
+                    "evict_slurmd_pod",
+                    f"pod {pod.namespace}/{pod.name}",
+                    "none",
+                    ctx,
+                    "already gone" if current is None else "already terminating",
+                )
+            )
         terminated = await self.wait_gone(pod, termination_deadline, progress)
-        detail = "; ".join([a.detail for a in actions] + [
-            "terminated" if terminated else f"still Terminating after {termination_deadline:.0f} s"])
-        return EvictResult(pod=pod, evicted=True, terminated=terminated, pdb_refusals=refusals, slurm_state=state,
-                           detail=detail, actions=actions)
+        detail = "; ".join(
+            [a.detail for a in actions]
+            + ["terminated" if terminated else f"still Terminating after {termination_deadline:.0f} s"]
+        )
+        return EvictResult(
+            pod=pod,
+            evicted=True,
+            terminated=terminated,
+            pdb_refusals=refusals,
+            slurm_state=state,
+            detail=detail,
+            actions=actions,
+        )
 
     async def _evict_through_pdb(
-        self, pod: SlurmdPod, ctx: ActionContext, confirm: Callable[[], Awaitable[str]], deadline: float,
-        backoff: float, progress: Progress,
+        self,
+        pod: SlurmdPod,
+        ctx: ActionContext,
+        confirm: Callable[[], Awaitable[str]],
+        deadline: float,
+        backoff: float,
+        progress: Progress,
     ) -> tuple[str, int, ActionRecord]:
         target = f"pod {pod.namespace}/{pod.name}"
         # The uid precondition: a pod recreated under the same name is never the one evicted.
-        eviction = V1Eviction(metadata=V1ObjectMeta(name=pod.name, namespace=pod.namespace),
-                              delete_options=V1DeleteOptions(preconditions=V1Preconditions(uid=pod.uid)))
-        invocation = calls.EVICT_POD.invocation(dry_run=ctx.dry_run, body={"preconditions.uid": pod.uid},
-                                                namespace=pod.namespace, name=pod.name)
+        eviction = V1Eviction(
+            metadata=V1ObjectMeta(name=pod.name, namespace=pod.namespace),
+            delete_options=V1DeleteOptions(preconditions=V1Preconditions(uid=pod.uid)),
+        )
+        invocation = calls.EVICT_POD.invocation(
+            dry_run=ctx.dry_run, body={"preconditions.uid": pod.uid}, namespace=pod.namespace, name=pod.name
+        )
         refusals = 0
         while True:
             state = await confirm()
@@ -125,21 +170,29 @@ class SlurmdPods:
             except ApiException as e:
                 if e.status == 404 or (e.status == 409 and await self._current(pod) is None):
                     # gone, or the name is another pod's now
-                    return state, refusals, record("evict_slurmd_pod", target, "none", ctx,
-                                                   f"already gone ({e.status}); Slurm: {state}")
+                    return (
+                        state,
+                        refusals,
+                        record("evict_slurmd_pod", target, "none", ctx, f"already gone ({e.status}); Slurm: {state}"),
+                    )
                 if e.status not in (409, 429):  # 409 with the pod still there: a conflict (say on
                     raise  # its PodDisruptionBudget's status), so not evicted yet: try again
                 refusals += 1
                 if time.monotonic() + backoff > deadline:
                     raise EvictionBlocked(
-                        f"{target}: eviction refused {refusals} times until the deadline: {_message(e)}") from e
-                await self._pause(backoff, progress, f"{target}: eviction refused ({_message(e)}), "
-                                                     f"again in {backoff:.1f} s")
+                        f"{target}: eviction refused {refusals} times until the deadline: {_message(e)}"
+                    ) from e
+                await self._pause(
+                    backoff, progress, f"{target}: eviction refused ({_message(e)}), again in {backoff:.1f} s"
+                )
                 backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
                 continue
             after = f" after {refusals} refusal(s) by a PodDisruptionBudget" if refusals else ""
-            return state, refusals, record("evict_slurmd_pod", target, invocation, ctx,
-                                           f"evicted{after}; Slurm: {state}")
+            return (
+                state,
+                refusals,
+                record("evict_slurmd_pod", target, invocation, ctx, f"evicted{after}; Slurm: {state}"),
+            )
 
     async def _pause(self, seconds: float, progress: Progress, detail: str) -> None:
         """Sleep, reporting progress at least every watch window (the cadence heartbeats keep)."""
@@ -156,8 +209,12 @@ class SlurmdPods:
             return None, f"pod {pod.name} still Terminating"
 
         found, _ = await watch_until(
-            self._core.list_namespaced_pod, gone, deadline=time.monotonic() + deadline_seconds,
-            watch_seconds=self._watch_seconds, progress=progress, namespace=self._namespace,
+            self._core.list_namespaced_pod,
+            gone,
+            deadline=time.monotonic() + deadline_seconds,
+            watch_seconds=self._watch_seconds,
+            progress=progress,
+            namespace=self._namespace,
             field_selector=f"metadata.name={pod.name}",
         )
         return bool(found)
@@ -166,6 +223,6 @@ class SlurmdPods:
 def _message(error: ApiException) -> str:
     """The Status message the server gave (a PDB names itself there), else the HTTP reason."""
     try:
-        return str(json.loads(error.body)["message"])[:300]
+        return str(json.loads(error.body or "")["message"])[:300]
     except (TypeError, ValueError, KeyError):
         return str(error.reason or error.status)

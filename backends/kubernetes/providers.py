@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import httpx
 from kubernetes.client import (
@@ -30,7 +30,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from backends.kubernetes import calls
-from backends.kubernetes.api import Progress, call, update_optimistically
+from backends.kubernetes.api import Progress, call, meta, uid_of, update_optimistically
 from backends.kubernetes.errors import (
     NodeNotFound,
     NodeSetNotFound,
@@ -74,7 +74,8 @@ class NodeSetReplacement:
 
     async def _read(self) -> dict[str, Any]:
         try:
-            return await call(self._objects.get_namespaced_custom_object, *self._args())
+            found = await call(self._objects.get_namespaced_custom_object, *self._args())
+            return cast(dict[str, Any], found)  # a custom object comes as its JSON (the client says object)
         except ApiException as e:
             if e.status == 404:
                 raise NodeSetNotFound(f"{self._target} ({NODESET_GROUP}/{self._ref.version}) does not exist") from e
@@ -84,16 +85,25 @@ class NodeSetReplacement:
         nodeset = await self._read()
         replicas = nodeset.get("spec", {}).get("replicas", 1)
         if not self._scale_up:
-            action = record("request_k8s_replacement", self._target, "none", req.ctx,
-                            f"the NodeSet recreates {req.slurm_node}'s slurmd pod on a healthy Node "
-                            f"({replicas} replicas)")
-            return K8sReplacementResult(provider=self.name, accepted=True, node=None, detail=action.detail,
-                                        actions=[action])
+            action = record(
+                "request_k8s_replacement",
+                self._target,
+                "none",
+                req.ctx,
+                f"the NodeSet recreates {req.slurm_node}'s slurmd pod on a healthy Node ({replicas} replicas)",
+            )
+            return K8sReplacementResult(
+                provider=self.name, accepted=True, node=None, detail=action.detail, actions=[action]
+            )
         claim_action, target = await self._claim(req)
         scale_action = await self._scale_to(target, req)
-        return K8sReplacementResult(provider=self.name, accepted=True, node=None,
-                                    detail=f"{self._target} scaled to at least {target} replicas for {req.slurm_node}",
-                                    actions=[claim_action, scale_action])
+        return K8sReplacementResult(
+            provider=self.name,
+            accepted=True,
+            node=None,
+            detail=f"{self._target} scaled to at least {target} replicas for {req.slurm_node}",
+            actions=[claim_action, scale_action],
+        )
 
     async def _claim(self, req: K8sReplacementRequest) -> tuple[ActionRecord, int]:
         """Write (once) the replica count this incident wants: one more than the NodeSet had."""
@@ -106,35 +116,50 @@ class NodeSetReplacement:
             claims: dict[str, int] = json.loads(annotations.get(SCALE_CLAIMS_ANNOTATION, "{}"))
             if incident in claims:
                 wanted[:] = [claims[incident]]
-                return record("claim_nodeset_scale_up", self._target, "none", req.ctx,
-                              f"this incident already asked for {claims[incident]} replicas")
+                return record(
+                    "claim_nodeset_scale_up",
+                    self._target,
+                    "none",
+                    req.ctx,
+                    f"this incident already asked for {claims[incident]} replicas",
+                )
             target = nodeset.get("spec", {}).get("replicas", 1) + 1
             wanted[:] = [target]
-            claims = dict(list(claims.items())[-(SCALE_CLAIMS_KEPT - 1):]) | {incident: target}
+            claims = dict(list(claims.items())[-(SCALE_CLAIMS_KEPT - 1) :]) | {incident: target}
             metadata["annotations"] = annotations | {SCALE_CLAIMS_ANNOTATION: json.dumps(claims)}
             invocation = calls.UPDATE_NODESET.invocation(
-                dry_run=req.ctx.dry_run, body={f"metadata.annotations[{SCALE_CLAIMS_ANNOTATION}]": claims},
-                **self._names)
+                dry_run=req.ctx.dry_run,
+                body={f"metadata.annotations[{SCALE_CLAIMS_ANNOTATION}]": claims},
+                **self._names,
+            )
             if not req.ctx.dry_run:
                 await call(self._objects.replace_namespaced_custom_object, *self._args(), nodeset)
-            return record("claim_nodeset_scale_up", self._target, invocation, req.ctx,
-                          f"{incident} asks for {target} replicas")
+            return record(
+                "claim_nodeset_scale_up", self._target, invocation, req.ctx, f"{incident} asks for {target} replicas"
+            )
 
         action = await update_optimistically(self._read, write, self._target)
         return action, wanted[0]
 
     async def _scale_to(self, target: int, req: K8sReplacementRequest) -> ActionRecord:
         async def read_scale() -> dict[str, Any]:
-            return await call(self._objects.get_namespaced_custom_object_scale, *self._args())
+            scale = await call(self._objects.get_namespaced_custom_object_scale, *self._args())
+            return cast(dict[str, Any], scale)  # as its JSON, as above
 
         async def write(scale: dict[str, Any]) -> ActionRecord:
             current = scale.get("spec", {}).get("replicas", 0)
             if current >= target:
-                return record("scale_nodeset", self._target, "none", req.ctx,
-                              f"already {current} replicas (wanted at least {target})")
+                return record(
+                    "scale_nodeset",
+                    self._target,
+                    "none",
+                    req.ctx,
+                    f"already {current} replicas (wanted at least {target})",
+                )
             scale.setdefault("spec", {})["replicas"] = target
             invocation = calls.UPDATE_NODESET_SCALE.invocation(
-                dry_run=req.ctx.dry_run, body={"spec.replicas": target}, **self._names)
+                dry_run=req.ctx.dry_run, body={"spec.replicas": target}, **self._names
+            )
             if not req.ctx.dry_run:
                 # The Scale carries the NodeSet's resourceVersion: a concurrent change is a 409.
                 await call(self._objects.replace_namespaced_custom_object_scale, *self._args(), scale)
@@ -155,31 +180,44 @@ class NodeLifecycleReplacement:
     async def request(self, req: K8sReplacementRequest, progress: Progress) -> K8sReplacementResult:
         name, ctx = req.failed_node, req.ctx
         try:
-            uid = (await self._fencing.read(name)).metadata.uid
+            uid = uid_of(await self._fencing.read(name))
         except NodeNotFound:
             action = record("hand_node_to_lifecycle", name, "none", ctx, "the Node is already gone")
-            return K8sReplacementResult(provider=self.name, accepted=True, node=None, detail=action.detail,
-                                        actions=[action])
+            return K8sReplacementResult(
+                provider=self.name, accepted=True, node=None, detail=action.detail, actions=[action]
+            )
 
         async def write(node: V1Node) -> ActionRecord:
-            labels, annotations = node.metadata.labels or {}, node.metadata.annotations or {}
+            metadata = meta(node)
+            labels, annotations = metadata.labels or {}, metadata.annotations or {}
             if labels.get(self._label_key) == self._label_value and REPLACE_REASON_ANNOTATION in annotations:
                 return record("hand_node_to_lifecycle", name, "none", ctx, "already labelled")
-            node.metadata.labels = labels | {self._label_key: self._label_value}
-            node.metadata.annotations = annotations | {REPLACE_REASON_ANNOTATION: ctx.slurm_reason()}
-            invocation = calls.UPDATE_NODE.invocation(dry_run=ctx.dry_run, name=name, body={
-                f"metadata.labels[{self._label_key}]": self._label_value,
-                f"metadata.annotations[{REPLACE_REASON_ANNOTATION}]": ctx.slurm_reason()})
+            metadata.labels = labels | {self._label_key: self._label_value}
+            metadata.annotations = annotations | {REPLACE_REASON_ANNOTATION: ctx.slurm_reason()}
+            invocation = calls.UPDATE_NODE.invocation(
+                dry_run=ctx.dry_run,
+                name=name,
+                body={
+                    f"metadata.labels[{self._label_key}]": self._label_value,
+                    f"metadata.annotations[{REPLACE_REASON_ANNOTATION}]": ctx.slurm_reason(),
+                },
+            )
             if not ctx.dry_run:
                 await call(self._core.replace_node, name, node)
-            return record("hand_node_to_lifecycle", name, invocation, ctx,
-                          f"labelled {self._label_key}={self._label_value} for the node lifecycle")
+            return record(
+                "hand_node_to_lifecycle",
+                name,
+                invocation,
+                ctx,
+                f"labelled {self._label_key}={self._label_value} for the node lifecycle",
+            )
 
         actions = [await update_optimistically(lambda: self._fencing.read(name), write, f"Node {name}")]
         if self._delete:
             actions.append(await self._delete_node(name, uid, req))
-        return K8sReplacementResult(provider=self.name, accepted=True, node=None,
-                                    detail="; ".join(a.detail for a in actions), actions=actions)
+        return K8sReplacementResult(
+            provider=self.name, accepted=True, node=None, detail="; ".join(a.detail for a in actions), actions=actions
+        )
 
     async def _delete_node(self, name: str, uid: str, req: K8sReplacementRequest) -> ActionRecord:
         # The uid precondition: a new Node that took the name is never the one deleted.
@@ -217,8 +255,15 @@ class HttpReplacement:
     name = "http"
     FINAL_STATES = ("ready", "failed")
 
-    def __init__(self, base_url: str, token: str | None, *, timeout_seconds: float, poll_seconds: float,
-                 transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None,
+        *,
+        timeout_seconds: float,
+        poll_seconds: float,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
         self._base_url = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout, self._poll, self._transport = timeout_seconds, poll_seconds, transport
@@ -243,38 +288,80 @@ class HttpReplacement:
 
     async def request(self, req: K8sReplacementRequest, progress: Progress) -> K8sReplacementResult:
         ctx = req.ctx
-        body = {"failed_node": req.failed_node, "slurm_node": req.slurm_node, "incident_id": ctx.incident_id,
-                "reason": ctx.slurm_reason(), "requested_by": ctx.actor}
-        invocation = Invocation(path="http", command=f"POST {self._base_url}/v1/replacements "
-                                f"{json.dumps(body, sort_keys=True)}", executed=not ctx.dry_run)
+        body = {
+            "failed_node": req.failed_node,
+            "slurm_node": req.slurm_node,
+            "incident_id": ctx.incident_id,
+            "reason": ctx.slurm_reason(),
+            "requested_by": ctx.actor,
+        }
+        invocation = Invocation(
+            path="http",
+            command=f"POST {self._base_url}/v1/replacements {json.dumps(body, sort_keys=True)}",
+            executed=not ctx.dry_run,
+        )
         if ctx.dry_run:
-            action = record("request_http_replacement", req.failed_node, invocation, ctx,
-                            "dry-run: would ask the provider (whether it would accept is not known)")
-            return K8sReplacementResult(provider=self.name, accepted=False, node=None, detail=action.detail,
-                                        actions=[action])
+            action = record(
+                "request_http_replacement",
+                req.failed_node,
+                invocation,
+                ctx,
+                "dry-run: would ask the provider (whether it would accept is not known)",
+            )
+            return K8sReplacementResult(
+                provider=self.name, accepted=False, node=None, detail=action.detail, actions=[action]
+            )
         # One client per request: a replacement is asked for once per incident.
-        async with httpx.AsyncClient(base_url=self._base_url, headers=self._headers, timeout=30.0,
-                                     transport=self._transport) as http:
+        async with httpx.AsyncClient(
+            base_url=self._base_url, headers=self._headers, timeout=30.0, transport=self._transport
+        ) as http:
             # One replacement per incident and Node, however often this is retried.
-            response = await self._send(http, "POST", "/v1/replacements", json=body,
-                                        headers={"Idempotency-Key": f"{ctx.incident_id}/{req.failed_node}"})
+            response = await self._send(
+                http,
+                "POST",
+                "/v1/replacements",
+                json=body,
+                headers={"Idempotency-Key": f"{ctx.incident_id}/{req.failed_node}"},
+            )
             if response.status_code not in (200, 201):
-                action = record("request_http_replacement", req.failed_node, invocation, ctx,
-                                f"refused: HTTP {response.status_code}: {response.text[:300]}")
-                return K8sReplacementResult(provider=self.name, accepted=False, node=None, detail=action.detail,
-                                            actions=[action])
+                action = record(
+                    "request_http_replacement",
+                    req.failed_node,
+                    invocation,
+                    ctx,
+                    f"refused: HTTP {response.status_code}: {response.text[:300]}",
+                )
+                return K8sReplacementResult(
+                    provider=self.name, accepted=False, node=None, detail=action.detail, actions=[action]
+                )
             order = self._order(response)
-            actions = [record("request_http_replacement", req.failed_node, invocation, ctx,
-                              f"replacement {order.id}: {order.state}")]
+            actions = [
+                record(
+                    "request_http_replacement",
+                    req.failed_node,
+                    invocation,
+                    ctx,
+                    f"replacement {order.id}: {order.state}",
+                )
+            ]
             deadline = time.monotonic() + self._timeout
             while order.state not in self.FINAL_STATES and time.monotonic() < deadline:
                 progress(f"replacement {order.id}: {order.state} {order.message}".strip())
                 await asyncio.sleep(self._poll)
                 order = self._order(await self._send(http, "GET", f"/v1/replacements/{order.id}"))
         if order.state == "ready":
-            return K8sReplacementResult(provider=self.name, accepted=True, node=order.node,
-                                        detail=f"replacement {order.id}: Node {order.node} ready", actions=actions)
-        why = (f"failed: {order.message or 'no reason given'}" if order.state == "failed"
-               else f"still {order.state} after {self._timeout:.0f} s")
-        return K8sReplacementResult(provider=self.name, accepted=False, node=None,
-                                    detail=f"replacement {order.id} {why}", actions=actions)
+            return K8sReplacementResult(
+                provider=self.name,
+                accepted=True,
+                node=order.node,
+                detail=f"replacement {order.id}: Node {order.node} ready",
+                actions=actions,
+            )
+        why = (
+            f"failed: {order.message or 'no reason given'}"
+            if order.state == "failed"
+            else f"still {order.state} after {self._timeout:.0f} s"
+        )
+        return K8sReplacementResult(
+            provider=self.name, accepted=False, node=None, detail=f"replacement {order.id} {why}", actions=actions
+        )

@@ -11,8 +11,8 @@ from typing import Protocol, runtime_checkable
 
 from backends.kubernetes.errors import (
     JobsStillRunning,
-    NodeStillBusy,
     NodeNotDrained,
+    NodeStillBusy,
     SlurmStateUnknown,
 )
 from backends.slurm import SlurmNotFound

@@ -22,8 +22,16 @@ from contracts.models import utc_now
 
 
 class SpareWatch:
-    def __init__(self, api: ApiClient, pods: SlurmdPods, slurm: SlurmNodeView, *, node_selector: str,
-                 gpu_resource: str, watch_seconds: int):
+    def __init__(
+        self,
+        api: ApiClient,
+        pods: SlurmdPods,
+        slurm: SlurmNodeView,
+        *,
+        node_selector: str,
+        gpu_resource: str,
+        watch_seconds: int,
+    ):
         self._core = CoreV1Api(api)
         self._pods, self._slurm = pods, slurm
         self._node_selector, self._gpu_resource, self._watch_seconds = node_selector, gpu_resource, watch_seconds
@@ -41,8 +49,9 @@ class SpareWatch:
                 if not fresh:
                     continue
                 node = nodes.get(node_name)
-                unhealthy = f"{node_name}: not listed" if node is None else node_unhealthy_because(
-                    node, self._gpu_resource)
+                unhealthy = (
+                    f"{node_name}: not listed" if node is None else node_unhealthy_because(node, self._gpu_resource)
+                )
                 if unhealthy:
                     why_not.append(unhealthy)
                     continue
@@ -53,18 +62,30 @@ class SpareWatch:
                         why_not.append(busy)
                     else:
                         return K8sSpareResult(
-                            node=node_name, slurm_node=pod.slurm_node, healthy=True, in_service_at=utc_now(),
+                            node=node_name,
+                            slurm_node=pod.slurm_node,
+                            healthy=True,
+                            in_service_at=utc_now(),
                             detail=f"{node_name}: Ready, untainted, {self._gpu_resource} allocatable; "
-                                   f"slurmd pod {pod.name} is Slurm node {pod.slurm_node}, idle"), ""
+                            f"slurmd pod {pod.name} is Slurm node {pod.slurm_node}, idle",
+                        ), ""
             return None, "; ".join(why_not) or _nothing_yet(req)
 
         selector = {"label_selector": self._node_selector} if self._node_selector else {}
         found, detail = await watch_until(
-            self._core.list_node, in_service, deadline=time.monotonic() + req.deadline_seconds,
-            watch_seconds=self._watch_seconds, progress=progress, **selector)
+            self._core.list_node,
+            in_service,
+            deadline=time.monotonic() + req.deadline_seconds,
+            watch_seconds=self._watch_seconds,
+            progress=progress,
+            **selector,
+        )
         return found or K8sSpareResult(
-            node=req.node, slurm_node=None, healthy=False,
-            detail=f"no healthy replacement within {req.deadline_seconds:.0f} s: {detail}")
+            node=req.node,
+            slurm_node=None,
+            healthy=False,
+            detail=f"no healthy replacement within {req.deadline_seconds:.0f} s: {detail}",
+        )
 
 
 def _nothing_yet(req: K8sSpareWaitRequest) -> str:

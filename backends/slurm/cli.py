@@ -22,8 +22,12 @@ _NOT_FOUND = ("Invalid node name specified", "Invalid job id specified")
 # Messages that mean slurmctld could not be reached: the state is unknown.
 # "Unexpected message received": what `scontrol requeuehold` says when slurmctld cannot be
 # reached (measured on 22.05 and 24.11): an unknown state, retried like the others.
-_UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Connection refused",
-                "Unexpected message received")
+_UNREACHABLE = (
+    "Unable to contact slurm controller",
+    "Socket timed out",
+    "Connection refused",
+    "Unexpected message received",
+)
 
 
 class SlurmCli:

@@ -18,10 +18,12 @@ class SlurmClient:
     def planning(self) -> SlurmClient:
         """The same client in dry-run: reads are real, each write returns the exact command or
         API call it would make, unexecuted. Shares this client's connections."""
+
         def planned(backend: SlurmBackend) -> SlurmBackend:
             twin = copy.copy(backend)
             twin.dry_run = True
             return twin
+
         return SlurmClient(planned(self.cli), planned(self.rest) if self.rest is not None else None)
 
     def acting(self, dry_run: bool) -> SlurmClient:
@@ -54,7 +56,8 @@ class SlurmClient:
     async def jobs_on_node(self, name: str) -> list[SlurmJob]:
         """Jobs that hold the node now (running, or completing their signal handling)."""
         return [
-            j for j in await self.list_jobs()
+            j
+            for j in await self.list_jobs()
             if name in j.nodes and j.state in ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")
         ]
 

@@ -11,12 +11,30 @@ from contracts.models import SlurmJob, SlurmNode
 # The fields read below, for the contract tests against each slurmrestd's OpenAPI document.
 # (22.05 keeps node flags in `state_flags`, newer versions in the `state` list.)
 NODE_FIELDS = ("name", "state", "reason", "comment", "partitions")
-JOB_FIELDS = ("job_id", "job_state", "nodes", "restart_cnt", "requeue", "comment", "priority",
-              "state_reason", "name", "excluded_nodes", "required_nodes")
+JOB_FIELDS = (
+    "job_id",
+    "job_state",
+    "nodes",
+    "restart_cnt",
+    "requeue",
+    "comment",
+    "priority",
+    "state_reason",
+    "name",
+    "excluded_nodes",
+    "required_nodes",
+)
 
 # Flags that newer Slurm reports inside the state list instead of a separate field.
 _BASE_NODE_STATES = {
-    "IDLE", "MIXED", "ALLOCATED", "DOWN", "ERROR", "FUTURE", "UNKNOWN", "COMPLETING",
+    "IDLE",
+    "MIXED",
+    "ALLOCATED",
+    "DOWN",
+    "ERROR",
+    "FUTURE",
+    "UNKNOWN",
+    "COMPLETING",
 }
 
 

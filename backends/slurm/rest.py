@@ -62,8 +62,11 @@ def _says_not_found(error: dict[str, Any]) -> bool:
     text = f"{error.get('error', '')} {error.get('description', '')}"
     # 24.11 reports a missing node as "Failure to query node X" with "No error" (error number 0);
     # the same description with another number is some other failure (1007: authentication).
-    return ("Invalid job id" in text or "Invalid node name" in text
-            or (text.strip().startswith("No error Failure to query node") and not error.get("error_number")))
+    return (
+        "Invalid job id" in text
+        or "Invalid node name" in text
+        or (text.strip().startswith("No error Failure to query node") and not error.get("error_number"))
+    )
 
 
 class TokenFile:
@@ -166,8 +169,13 @@ class SlurmRest:
         method, url = self._route(operation, path_params)
         return await self._request(method, url)
 
-    async def _write(self, operation: str, params: dict[str, str] | None = None,
-                     body: dict[str, Any] | None = None, **path_params: str | int) -> tuple[dict[str, Any], Invocation]:
+    async def _write(
+        self,
+        operation: str,
+        params: dict[str, str] | None = None,
+        body: dict[str, Any] | None = None,
+        **path_params: str | int,
+    ) -> tuple[dict[str, Any], Invocation]:
         method, url = self._route(operation, path_params)
         query = "?" + str(httpx.QueryParams(params)) if params else ""
         command = f"{method} {url}{query}" + (f" {json.dumps(body, sort_keys=True)}" if body else "")

@@ -53,8 +53,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 _CONTENT_TYPE = {"json": b"application/json", "text": b"text/plain; charset=utf-8"}
 _NODES_NAMED = 20  # nodes named in a 403 or an unknown nodes' 422 answer, at most
-_READ_HEADERS = frozenset(name.encode() for name in ("authorization", SIGNATURE_HEADER, TIMESTAMP_HEADER, NONCE_HEADER,
-                                                     "content-type", "content-length"))
+_READ_HEADERS = frozenset(
+    name.encode()
+    for name in ("authorization", SIGNATURE_HEADER, TIMESTAMP_HEADER, NONCE_HEADER, "content-type", "content-length")
+)
 
 
 # --- answers (also the OpenAPI document's response schemas) ------------------------------------
@@ -82,7 +84,8 @@ class HookAnswer(BaseModel):
     dropped: int
     alerts: list[AlertAnswer]
     ignored: list[IgnoredAnswer] = Field(
-        default_factory=list, description="kernel-log lines that are no Xid line, left out (absent when none)")
+        default_factory=list, description="kernel-log lines that are no Xid line, left out (absent when none)"
+    )
 
 
 class Problem(BaseModel):
@@ -113,15 +116,27 @@ class Endpoint:
 
 
 ENDPOINTS = [
-    Endpoint("alertmanager", "/v1/alerts/alertmanager", alertmanager.AlertmanagerWebhook,
-             lambda body, s, now: Parsed(*alertmanager.to_incoming(body, s.node_labels)),
-             "Prometheus Alertmanager webhook (version 4) with dcgm-exporter XID alerts"),
-    Endpoint("gpu-health", "/v1/alerts/gpu-health", gpu_health.GpuHealthEvent,
-             lambda body, s, now: Parsed([gpu_health.to_incoming(body)], []),
-             "one GPU health event: an XID on a GPU, or an NCCL timeout"),
-    Endpoint("kernel-log", "/v1/alerts/kernel-log", kernel_log.KernelLogPost,
-             lambda body, s, now: kernel_log.to_incoming(body, now),
-             "NVRM Xid lines from one node's kernel log"),
+    Endpoint(
+        "alertmanager",
+        "/v1/alerts/alertmanager",
+        alertmanager.AlertmanagerWebhook,
+        lambda body, s, now: Parsed(*alertmanager.to_incoming(body, s.node_labels)),
+        "Prometheus Alertmanager webhook (version 4) with dcgm-exporter XID alerts",
+    ),
+    Endpoint(
+        "gpu-health",
+        "/v1/alerts/gpu-health",
+        gpu_health.GpuHealthEvent,
+        lambda body, s, now: Parsed([gpu_health.to_incoming(body)], []),
+        "one GPU health event: an XID on a GPU, or an NCCL timeout",
+    ),
+    Endpoint(
+        "kernel-log",
+        "/v1/alerts/kernel-log",
+        kernel_log.KernelLogPost,
+        lambda body, s, now: kernel_log.to_incoming(body, now),
+        "NVRM Xid lines from one node's kernel log",
+    ),
 ]
 
 
@@ -172,8 +187,9 @@ class HookApp:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    async def _post(self, endpoint: Endpoint, scope: Scope, receive: Receive
-                    ) -> tuple[int, str, bytes, list[tuple[bytes, bytes]]]:
+    async def _post(
+        self, endpoint: Endpoint, scope: Scope, receive: Receive
+    ) -> tuple[int, str, bytes, list[tuple[bytes, bytes]]]:
         try:
             answer = await self._handle(endpoint, scope, receive)
         except Refused as refused:
@@ -194,8 +210,11 @@ class HookApp:
         credential = self._auth.check(headers, body)
         media_type = headers.get("content-type", "").split(";")[0].strip().lower()
         if media_type != "application/json":
-            raise Refused(415, "unsupported media type",
-                          [problem("headers.content-type", f"expected application/json, got {media_type or 'none'}")])
+            raise Refused(
+                415,
+                "unsupported media type",
+                [problem("headers.content-type", f"expected application/json, got {media_type or 'none'}")],
+            )
         parsed = self._parsed.get(endpoint.name, body) or self._parse(endpoint, body)
         incoming = parsed.alerts
         self._check_scope(endpoint, credential, incoming)
@@ -203,12 +222,21 @@ class HookApp:
         try:
             results = await self.intake.submit(incoming)
         except Exception as e:
-            raise Refused(503, "unavailable", [problem("temporal", f"not every alert could be handed over "
-                                                                   f"({type(e).__name__}: {e}); retry")]) from e
+            raise Refused(
+                503,
+                "unavailable",
+                [problem("temporal", f"not every alert could be handed over ({type(e).__name__}: {e}); retry")],
+            ) from e
         dropped = [(i, r) for i, r in zip(incoming, results, strict=True) if r.outcome is Outcome.DROPPED]
         if dropped:
-            log.info("%s: dropped %d of %d alert(s); first: %s: %s", endpoint.name, len(dropped), len(results),
-                     dropped[0][0].node, dropped[0][1].reason)
+            log.info(
+                "%s: dropped %d of %d alert(s); first: %s: %s",
+                endpoint.name,
+                len(dropped),
+                len(results),
+                dropped[0][0].node,
+                dropped[0][1].reason,
+            )
         return answer_json(incoming, results, parsed.ignored)
 
     def _parse(self, endpoint: Endpoint, body: bytes) -> Parsed:
@@ -217,8 +245,9 @@ class HookApp:
         parsed = endpoint.parse(payload, self.settings, now)
         incoming, problems = parsed.alerts, parsed.problems
         if len(incoming) > self.settings.max_alerts_per_request:
-            problems.append(problem("body", f"{len(incoming)} alerts; at most "
-                                            f"{self.settings.max_alerts_per_request} per request"))
+            problems.append(
+                problem("body", f"{len(incoming)} alerts; at most {self.settings.max_alerts_per_request} per request")
+            )
         if problems:
             raise Refused(422, "invalid alerts", problems)
         if all(i.observed_at != now for i in incoming):  # the same bytes will give the same alerts
@@ -232,10 +261,20 @@ class HookApp:
         if not outside:
             return
         self._out_of_scope[credential.name] += 1
-        log.warning("%s: credential %s may not report on %s: request refused", endpoint.name, credential.name,
-                    ", ".join(outside[:_NODES_NAMED]))
-        raise Refused(403, "forbidden", [problem("body", f"credential {credential.name} may not report on node {node}")
-                                         for node in outside[:_NODES_NAMED]])
+        log.warning(
+            "%s: credential %s may not report on %s: request refused",
+            endpoint.name,
+            credential.name,
+            ", ".join(outside[:_NODES_NAMED]),
+        )
+        raise Refused(
+            403,
+            "forbidden",
+            [
+                problem("body", f"credential {credential.name} may not report on node {node}")
+                for node in outside[:_NODES_NAMED]
+            ],
+        )
 
     async def _check_known_nodes(self, endpoint: Endpoint, incoming: list[Incoming]) -> None:
         """Refused(422) when an alert names a node the cluster does not have, Refused(503) when the
@@ -248,10 +287,14 @@ class HookApp:
         if not unknown:
             return
         self._unknown_node_requests += 1
-        log.warning("%s: %d node(s) not in the cluster, first %s: request refused", endpoint.name, len(unknown),
-                    unknown[0])
-        raise Refused(422, "unknown nodes", [problem("body", f"node {node} is not in the cluster")
-                                             for node in unknown[:_NODES_NAMED]])
+        log.warning(
+            "%s: %d node(s) not in the cluster, first %s: request refused", endpoint.name, len(unknown), unknown[0]
+        )
+        raise Refused(
+            422,
+            "unknown nodes",
+            [problem("body", f"node {node} is not in the cluster") for node in unknown[:_NODES_NAMED]],
+        )
 
     async def _read(self, declared: str | None, receive: Receive) -> bytes:
         limit = self.settings.max_body_bytes
@@ -273,18 +316,24 @@ class HookApp:
     def metrics(self) -> str:
         """Prometheus text format: the hook's own counters."""
         lines = ["# TYPE recovery_hook_requests_total counter"]
-        lines += [f'recovery_hook_requests_total{{endpoint="{e}",status="{s}"}} {n}'
-                  for (e, s), n in sorted(self._requests.items())]
+        lines += [
+            f'recovery_hook_requests_total{{endpoint="{e}",status="{s}"}} {n}'
+            for (e, s), n in sorted(self._requests.items())
+        ]
         lines.append("# TYPE recovery_hook_out_of_scope_requests_total counter")
-        lines += [f'recovery_hook_out_of_scope_requests_total{{credential="{c}"}} {n}'
-                  for c, n in sorted(self._out_of_scope.items())]
+        lines += [
+            f'recovery_hook_out_of_scope_requests_total{{credential="{c}"}} {n}'
+            for c, n in sorted(self._out_of_scope.items())
+        ]
         lines.append("# TYPE recovery_hook_unknown_node_requests_total counter")
         lines.append(f"recovery_hook_unknown_node_requests_total {self._unknown_node_requests}")
         lines.append("# TYPE recovery_hook_alerts_total counter")
         lines += [f'recovery_hook_alerts_total{{outcome="{o.value}"}} {self.intake.outcomes[o.value]}' for o in Outcome]
         lines.append("# TYPE recovery_hook_temporal_calls_total counter")
-        lines += [f'recovery_hook_temporal_calls_total{{call="{c}"}} {n}'
-                  for c, n in sorted(self.intake.temporal_calls.items())]
+        lines += [
+            f'recovery_hook_temporal_calls_total{{call="{c}"}} {n}'
+            for c, n in sorted(self.intake.temporal_calls.items())
+        ]
         return "\n".join(lines) + "\n"
 
 
@@ -341,13 +390,13 @@ def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> None:
     seen = set()
     for key, _ in pairs:
         if key in seen:
-            raise Refused(400, "body is not JSON",
-                          [problem("body", f"the key {clip(key, 64)!r} is twice in one object")])
+            raise Refused(
+                400, "body is not JSON", [problem("body", f"the key {clip(key, 64)!r} is twice in one object")]
+            )
         seen.add(key)
 
 
-def answer_json(incoming: list[Incoming], results: list[Result],
-                ignored: tuple[IgnoredLine, ...] = ()) -> bytes:
+def answer_json(incoming: list[Incoming], results: list[Result], ignored: tuple[IgnoredLine, ...] = ()) -> bytes:
     """The 200 answer (HookAnswer), encoded directly: in a storm this is every request's last step."""
     counts = dict.fromkeys(Outcome, 0)
     alerts = []
@@ -366,54 +415,81 @@ def answer_json(incoming: list[Incoming], results: list[Result],
 
 
 def openapi_document(settings: HookSettings) -> dict:
-    models = [(e.model, "validation") for e in ENDPOINTS] + [(HookAnswer, "serialization"),
-                                                            (ProblemAnswer, "serialization")]
+    models = [(e.model, "validation") for e in ENDPOINTS] + [
+        (HookAnswer, "serialization"),
+        (ProblemAnswer, "serialization"),
+    ]
     refs, schemas = models_json_schema(models, ref_template="#/components/schemas/{model}")
 
     def ref(model: type[BaseModel], mode: str) -> dict:
         return refs[(model, mode)]
 
     def problems(description: str) -> dict:
-        return {"description": description,
-                "content": {"application/json": {"schema": ref(ProblemAnswer, "serialization")}}}
+        return {
+            "description": description,
+            "content": {"application/json": {"schema": ref(ProblemAnswer, "serialization")}},
+        }
 
     schemes = {
         "bearer": {"type": "http", "scheme": "bearer"},
-        "hmac": {"type": "apiKey", "in": "header", "name": SIGNATURE_HEADER,
-                 "description": f"sha256=<hex HMAC-SHA256 of '<timestamp>.<nonce>.<raw body>', keyed with the "
-                                f"shared key>, sent with {TIMESTAMP_HEADER} (Unix seconds, within "
-                                f"{settings.signature_window_seconds:g} s of the hook's clock) and {NONCE_HEADER} "
-                                f"(16-128 characters of {NONCE_CHARACTERS}, used once)"},
+        "hmac": {
+            "type": "apiKey",
+            "in": "header",
+            "name": SIGNATURE_HEADER,
+            "description": f"sha256=<hex HMAC-SHA256 of '<timestamp>.<nonce>.<raw body>', keyed with the "
+            f"shared key>, sent with {TIMESTAMP_HEADER} (Unix seconds, within "
+            f"{settings.signature_window_seconds:g} s of the hook's clock) and {NONCE_HEADER} "
+            f"(16-128 characters of {NONCE_CHARACTERS}, used once)",
+        },
     }
     paths = {
-        e.path: {"post": {
-            "operationId": e.name.replace("-", "_"),
-            "summary": e.summary,
-            "security": [{mode: []} for mode in settings.auth],
-            "requestBody": {"required": True, "content": {"application/json": {"schema": ref(e.model, "validation")}}},
-            "responses": {
-                "200": {"description": "every alert is in Temporal, or was dropped for the reason given",
-                        "content": {"application/json": {"schema": ref(HookAnswer, "serialization")}}},
-                "400": problems("the body is not JSON, or an object in it has a key twice"),
-                "401": problems("no valid credentials, or a replayed signature"),
-                "403": problems("an alert names a node the credential may not report on"),
-                "413": problems(f"the body is larger than {settings.max_body_bytes} bytes"),
-                "415": problems("the body is not application/json"),
-                "422": problems("the payload or an alert in it is invalid, or names a node the cluster does not have"),
-                "431": problems(f"the request line and headers are larger than {settings.max_header_bytes} bytes"),
-                "503": problems("Temporal could not take every alert, the replay window holds too many "
-                                "signatures, or the cluster's nodes could not be read; retry the request"),
-            },
-        }}
+        e.path: {
+            "post": {
+                "operationId": e.name.replace("-", "_"),
+                "summary": e.summary,
+                "security": [{mode: []} for mode in settings.auth],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": ref(e.model, "validation")}},
+                },
+                "responses": {
+                    "200": {
+                        "description": "every alert is in Temporal, or was dropped for the reason given",
+                        "content": {"application/json": {"schema": ref(HookAnswer, "serialization")}},
+                    },
+                    "400": problems("the body is not JSON, or an object in it has a key twice"),
+                    "401": problems("no valid credentials, or a replayed signature"),
+                    "403": problems("an alert names a node the credential may not report on"),
+                    "413": problems(f"the body is larger than {settings.max_body_bytes} bytes"),
+                    "415": problems("the body is not application/json"),
+                    "422": problems(
+                        "the payload or an alert in it is invalid, or names a node the cluster does not have"
+                    ),
+                    "431": problems(f"the request line and headers are larger than {settings.max_header_bytes} bytes"),
+                    "503": problems(
+                        "Temporal could not take every alert, the replay window holds too many "
+                        "signatures, or the cluster's nodes could not be read; retry the request"
+                    ),
+                },
+            }
+        }
         for e in ENDPOINTS
     }
     paths["/healthz"] = {"get": {"summary": "liveness", "security": [], "responses": {"200": {"description": "ok"}}}}
-    paths["/metrics"] = {"get": {"summary": "the hook's counters, Prometheus text format", "security": [],
-                                 "responses": {"200": {"description": "counters"}}}}
+    paths["/metrics"] = {
+        "get": {
+            "summary": "the hook's counters, Prometheus text format",
+            "security": [],
+            "responses": {"200": {"description": "counters"}},
+        }
+    }
     return {
         "openapi": "3.1.0",
-        "info": {"title": "training-recovery alert hooks", "version": "1",
-                 "description": "Failure alerts in, one incident per node out (docs/alert-hooks.md)."},
+        "info": {
+            "title": "training-recovery alert hooks",
+            "version": "1",
+            "description": "Failure alerts in, one incident per node out (docs/alert-hooks.md).",
+        },
         "paths": paths,
         "components": {"schemas": schemas["$defs"], "securitySchemes": {m: schemes[m] for m in settings.auth}},
     }

@@ -68,9 +68,16 @@ class SeenNonces:
         if nonce in self._expiry:
             return False
         if len(self._expiry) >= self._capacity:
-            raise Refused(503, "unavailable", [problem(f"headers.{NONCE_HEADER}",
-                                                       f"{self._capacity} signatures in the replay window already; "
-                                                       "retry later")])
+            raise Refused(
+                503,
+                "unavailable",
+                [
+                    problem(
+                        f"headers.{NONCE_HEADER}",
+                        f"{self._capacity} signatures in the replay window already; retry later",
+                    )
+                ],
+            )
         self._expiry[nonce] = expires
         heapq.heappush(self._by_expiry, (expires, nonce))
         return True
@@ -110,28 +117,38 @@ class Authenticator:
         if not _TIMESTAMP.fullmatch(stamp):
             raise self._unauthorized(problem(f"headers.{TIMESTAMP_HEADER}", "missing or not Unix seconds"))
         if not NONCE.fullmatch(nonce):
-            raise self._unauthorized(problem(f"headers.{NONCE_HEADER}",
-                                             f"missing or not 16-128 characters of {NONCE_CHARACTERS}"))
+            raise self._unauthorized(
+                problem(f"headers.{NONCE_HEADER}", f"missing or not 16-128 characters of {NONCE_CHARACTERS}")
+            )
         timestamp = int(stamp)
         if not hmac.compare_digest(signature.strip().encode(), sign(key, body, timestamp, nonce).encode()):
-            raise self._unauthorized(problem(f"headers.{SIGNATURE_HEADER}",
-                                             "the signature does not match the timestamp, nonce and body"))
+            raise self._unauthorized(
+                problem(f"headers.{SIGNATURE_HEADER}", "the signature does not match the timestamp, nonce and body")
+            )
         now = self._clock()
         if abs(now - timestamp) > self._window:
-            raise self._unauthorized(problem(f"headers.{TIMESTAMP_HEADER}",
-                                             f"{timestamp - now:+.0f} s from the hook's clock; "
-                                             f"a signature is valid for {self._window:g} s either side"))
+            raise self._unauthorized(
+                problem(
+                    f"headers.{TIMESTAMP_HEADER}",
+                    f"{timestamp - now:+.0f} s from the hook's clock; "
+                    f"a signature is valid for {self._window:g} s either side",
+                )
+            )
         # Only a valid signature's nonce is remembered: without the key nobody can fill the cache.
         if not self._seen.remember(nonce, expires=timestamp + self._window, now=now):
-            raise self._unauthorized(problem(f"headers.{NONCE_HEADER}",
-                                             "replay: this nonce was already used; sign every request anew"))
+            raise self._unauthorized(
+                problem(f"headers.{NONCE_HEADER}", "replay: this nonce was already used; sign every request anew")
+            )
 
     def _what_was_wrong(self, authorization: str | None, signature: str | None) -> dict[str, str]:
         if authorization is None and signature is None:
             accepted = " or ".join(
                 (["an Authorization: Bearer token"] if self._bearer is not None else [])
-                + ([f"an {SIGNATURE_HEADER} HMAC-SHA256 signature (with {TIMESTAMP_HEADER} and {NONCE_HEADER})"]
-                   if self._hmac_key is not None else [])
+                + (
+                    [f"an {SIGNATURE_HEADER} HMAC-SHA256 signature (with {TIMESTAMP_HEADER} and {NONCE_HEADER})"]
+                    if self._hmac_key is not None
+                    else []
+                )
             )
             return problem("headers", f"no credentials: send {accepted}")
         if authorization is not None and self._bearer is not None:

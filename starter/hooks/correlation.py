@@ -63,15 +63,21 @@ def is_secondary(xid: int | None, secondary_xids: Collection[int]) -> bool:
     return xid is None or xid in secondary_xids
 
 
-def primary_for(alert: Incoming, snapshot: Snapshot, window: timedelta,
-                secondary_xids: Collection[int]) -> RunningIncident | None:
+def primary_for(
+    alert: Incoming, snapshot: Snapshot, window: timedelta, secondary_xids: Collection[int]
+) -> RunningIncident | None:
     """The incident this secondary alert follows from: a running incident of another node, opened
     by a primary XID, that lists the alert's node among its job peers and started within the
     window of the alert; the nearest in time if several do. None: the alert is its node's own."""
     best: tuple[timedelta, RunningIncident] | None = None
     for incident in snapshot.incidents.values():
-        if (incident.node == alert.node or incident.peers is None or alert.node not in incident.peers
-                or incident.xid is None or is_secondary(incident.xid, secondary_xids)):
+        if (
+            incident.node == alert.node
+            or incident.peers is None
+            or alert.node not in incident.peers
+            or incident.xid is None
+            or is_secondary(incident.xid, secondary_xids)
+        ):
             continue
         distance = abs(alert.observed_at - incident.started_at)
         if distance <= window and (best is None or distance < best[0]):
@@ -84,8 +90,10 @@ def correlation_reason(alert: Incoming, primary: RunningIncident) -> str:
     assert primary.xid is not None, "primary_for only returns classified incidents"
     what = "an NCCL timeout" if alert.xid is None else f"XID {alert.xid}"
     offset = (alert.observed_at - primary.started_at).total_seconds()
-    return (f"correlated: {what} on {alert.node}, which shares a job with {primary.node}, "
-            f"{offset:+.0f} s from the start of its incident (XID {primary.xid})")
+    return (
+        f"correlated: {what} on {alert.node}, which shares a job with {primary.node}, "
+        f"{offset:+.0f} s from the start of its incident (XID {primary.xid})"
+    )
 
 
 class IncidentDirectory(Protocol):
@@ -135,8 +143,9 @@ class RunningIncidents:
             try:
                 self._last = Snapshot({i.node: i async for i in self._list()})
             except Exception as e:
-                log.warning("running incidents unknown (%s: %s): correlation uses the last known ones",
-                            type(e).__name__, e)
+                log.warning(
+                    "running incidents unknown (%s: %s): correlation uses the last known ones", type(e).__name__, e
+                )
             self._taken_at = started
             return self._last
         finally:
@@ -149,6 +158,8 @@ class RunningIncidents:
             attributes = execution.typed_search_attributes
             peers = attributes.get(sa.PEER_NODES)
             yield RunningIncident(
-                node=execution.id[len(_WORKFLOW_ID_PREFIX):], started_at=execution.start_time,
-                xid=attributes.get(sa.XID), peers=None if peers is None else frozenset(peers),
+                node=execution.id[len(_WORKFLOW_ID_PREFIX) :],
+                started_at=execution.start_time,
+                xid=attributes.get(sa.XID),
+                peers=None if peers is None else frozenset(peers),
             )

@@ -132,8 +132,12 @@ class CredentialsFile(_Strict):
             mark = getattr(e, "problem_mark", None)
             raise ValueError("not YAML or JSON" + (f" (line {mark.line + 1})" if mark else "")) from None
         except ValidationError as e:  # said without the input: it holds the tokens
-            raise ValueError("; ".join(f"{location(err['loc']) if err['loc'] else 'the file'}: {err['msg']}"
-                                       for err in e.errors(include_input=False))) from None
+            raise ValueError(
+                "; ".join(
+                    f"{location(err['loc']) if err['loc'] else 'the file'}: {err['msg']}"
+                    for err in e.errors(include_input=False)
+                )
+            ) from None
 
     def bearer_tokens(self) -> Iterator[tuple[bytes, Credential]]:
         """Every token in the file with its credential; secrets read from their files now."""
@@ -154,8 +158,9 @@ class BearerTokens:
         for token, credential in tokens:
             digest = hashlib.sha256(token).digest()
             if digest in self._by_digest:  # one token, two scopes: which one applies would be a guess
-                raise ValueError(f"credentials {self._by_digest[digest].name} and {credential.name} "
-                                 "have the same token")
+                raise ValueError(
+                    f"credentials {self._by_digest[digest].name} and {credential.name} have the same token"
+                )
             self._by_digest[digest] = credential
 
     def find(self, token: bytes) -> Credential | None:
@@ -163,11 +168,16 @@ class BearerTokens:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m starter.hooks.credentials",
-                                     description="print a node agent's bearer token")
+    parser = argparse.ArgumentParser(
+        prog="python -m starter.hooks.credentials", description="print a node agent's bearer token"
+    )
     parser.add_argument("node")
-    parser.add_argument("--file", type=Path, default=os.environ.get("RECOVERY_HOOKS_CREDENTIALS_FILE"),
-                        help="the credentials file (default RECOVERY_HOOKS_CREDENTIALS_FILE)")
+    parser.add_argument(
+        "--file",
+        type=Path,
+        default=os.environ.get("RECOVERY_HOOKS_CREDENTIALS_FILE"),
+        help="the credentials file (default RECOVERY_HOOKS_CREDENTIALS_FILE)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.file is None:

@@ -124,8 +124,10 @@ class _Digest:
         omitted = Counter(self.counted)
         omitted.subtract(p.alert.source for p in sample)
         self.latest, self.counted = {}, Counter()
-        return AlertDigest(alerts=[p.alert for p in sample],
-                           omitted={source: n for source, n in omitted.most_common(MAX_DIGEST_SAMPLE) if n > 0})
+        return AlertDigest(
+            alerts=[p.alert for p in sample],
+            omitted={source: n for source, n in omitted.most_common(MAX_DIGEST_SAMPLE) if n > 0},
+        )
 
 
 @dataclass(slots=True)
@@ -167,9 +169,15 @@ class IntakeLimits:
 
 
 class Intake:
-    def __init__(self, incidents: Incidents, limits: IntakeLimits = IntakeLimits(), *,
-                 directory: IncidentDirectory | None = None, clock: Callable[[], datetime] = utc_now,
-                 temporal_calls: Counter[str] | None = None) -> None:
+    def __init__(
+        self,
+        incidents: Incidents,
+        limits: IntakeLimits = IntakeLimits(),
+        *,
+        directory: IncidentDirectory | None = None,
+        clock: Callable[[], datetime] = utc_now,
+        temporal_calls: Counter[str] | None = None,
+    ) -> None:
         """Without a directory of running incidents nothing is correlated: secondary XIDs go to
         their own node at once, NCCL timeouts are dropped. temporal_calls: a counter shared with
         the directory, so that /metrics shows every call."""
@@ -208,8 +216,9 @@ class Intake:
         if item.resolved:
             return _dropped("resolved: a resolved alert changes nothing and starts nothing")
         if now - item.observed_at > limits.max_age:
-            return _dropped(f"stale: observed {item.observed_at.isoformat()}, more than "
-                            f"{limits.max_age.total_seconds():.0f} s ago")
+            return _dropped(
+                f"stale: observed {item.observed_at.isoformat()}, more than {limits.max_age.total_seconds():.0f} s ago"
+            )
         if item.observed_at - now > limits.clock_skew:
             return _dropped(f"observed {item.observed_at.isoformat()}, in the future beyond the allowed clock skew")
         earlier = self._seen.get(item)
@@ -228,8 +237,9 @@ class Intake:
             if item.xid is None:
                 return _dropped("an NCCL timeout, and this hook correlates nothing: not a node fault by itself")
         if item.xid is None:
-            return _dropped(f"an NCCL timeout on {item.node}, which has an incident of its own: "
-                            "not a node fault by itself")
+            return _dropped(
+                f"an NCCL timeout on {item.node}, which has an incident of its own: not a node fault by itself"
+            )
         future = self._enqueue(item.node, item, item.to_alert(), Outcome.ACCEPTED, decided=not secondary)
         return self._remember(item, future)
 
@@ -251,8 +261,9 @@ class Intake:
             if primary is not None:
                 why = correlation_reason(item, primary)
                 log.info("%s -> %s", why, incident_workflow_id(primary.node))
-                return await self._enqueue(primary.node, item, item.joining(primary.node, primary.xid, why),
-                                           Outcome.CORRELATED)
+                return await self._enqueue(
+                    primary.node, item, item.joining(primary.node, primary.xid, why), Outcome.CORRELATED
+                )
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return await self._as_own(item, "no incident it follows from within the hold")
@@ -269,8 +280,9 @@ class Intake:
         task.add_done_callback(self._background.discard)
         return task
 
-    def _enqueue(self, node: str, key: Incoming, alert: NodeFailureAlert, outcome: Outcome,
-                 decided: bool = True) -> asyncio.Future[Result]:
+    def _enqueue(
+        self, node: str, key: Incoming, alert: NodeFailureAlert, outcome: Outcome, decided: bool = True
+    ) -> asyncio.Future[Result]:
         future = asyncio.get_running_loop().create_future()
         state = self._nodes.get(node)
         if state is None:
@@ -332,8 +344,11 @@ class Intake:
         """A flooded incident's alert: answered now, told in the next digest."""
         digest.latest[p.alert.source] = p
         digest.counted[p.alert.source] += 1
-        p.future.set_result(Result(p.outcome, incident_workflow_id(node),
-                                   p.alert.reason if p.outcome is Outcome.CORRELATED else COUNTED))
+        p.future.set_result(
+            Result(
+                p.outcome, incident_workflow_id(node), p.alert.reason if p.outcome is Outcome.CORRELATED else COUNTED
+            )
+        )
         if not digest.flushing:
             digest.flushing = True
             self._spawn(self._send_digests(node, digest))
@@ -345,8 +360,13 @@ class Intake:
                 await asyncio.sleep(max(0.0, digest.next_at - loop.time()))
                 if digest.sent >= self._limits.max_digests_per_incident:
                     if digest.sent == self._limits.max_digests_per_incident:
-                        log.warning("%s: %d digests sent to incident run %s; its further alerts are counted "
-                                    "on this hook only (alerts_counted_not_sent)", node, digest.sent, digest.run_id)
+                        log.warning(
+                            "%s: %d digests sent to incident run %s; its further alerts are counted "
+                            "on this hook only (alerts_counted_not_sent)",
+                            node,
+                            digest.sent,
+                            digest.run_id,
+                        )
                         digest.sent += 1
                     self.outcomes["counted_not_sent"] += digest.counted.total()
                     digest.latest, digest.counted = {}, Counter()
@@ -374,8 +394,12 @@ class Intake:
                 self._enqueue(node, p.key, p.alert, p.outcome, p.decided).add_done_callback(_unawaited)
             return
         except Exception as e:  # Temporal unreachable: the counts go in a later digest
-            log.warning("%s: a digest of %d alerts was not handed over (%s); trying again", node,
-                        sum(told.omitted.values()) + len(told.alerts), e)
+            log.warning(
+                "%s: a digest of %d alerts was not handed over (%s); trying again",
+                node,
+                sum(told.omitted.values()) + len(told.alerts),
+                e,
+            )
             for p in sample:
                 digest.latest.setdefault(p.alert.source, p)
             digest.counted.update(p.alert.source for p in sample)
@@ -383,8 +407,9 @@ class Intake:
         else:
             digest.sent += 1
         limits = self._limits
-        digest.interval = min(limits.digest_interval_max.total_seconds(),
-                              max(limits.digest_interval.total_seconds(), 2 * digest.interval))
+        digest.interval = min(
+            limits.digest_interval_max.total_seconds(), max(limits.digest_interval.total_seconds(), 2 * digest.interval)
+        )
         digest.next_at = asyncio.get_running_loop().time() + digest.interval
 
     async def _deliver(self, node: str, state: _Node, batch: list[_Pending]) -> None:
@@ -476,6 +501,7 @@ def _pass_on(target: asyncio.Future[Result]) -> Callable[[asyncio.Future[Result]
             target.set_exception(source.exception())
         else:
             target.set_result(source.result())
+
     return copy
 
 

@@ -39,8 +39,12 @@ class SlurmInventory:
     # down must not cost a call per request, nor fail the hook closed for a whole TTL.
     RETRY_AFTER_FAILURE = 5.0
 
-    def __init__(self, list_names: Callable[[], Awaitable[Collection[str]]], ttl: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        list_names: Callable[[], Awaitable[Collection[str]]],
+        ttl: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._list_names = list_names
         self._ttl = ttl
         self._clock = clock
@@ -67,8 +71,12 @@ class SlurmInventory:
             self._names, self._failure = frozenset(await self._list_names()), None
             self._next_read_at = self._clock() + self._ttl
         except Exception as e:
-            log.warning("the cluster's nodes could not be read (%s: %s): %s", type(e).__name__, e,
-                        "refusing every alert" if self._names is None else f"keeping the {len(self._names)} known")
+            log.warning(
+                "the cluster's nodes could not be read (%s: %s): %s",
+                type(e).__name__,
+                e,
+                "refusing every alert" if self._names is None else f"keeping the {len(self._names)} known",
+            )
             if self._names is None:
                 self._failure = InventoryUnavailable(f"the cluster's nodes could not be read ({type(e).__name__})")
             self._next_read_at = self._clock() + min(self._ttl, self.RETRY_AFTER_FAILURE)

@@ -8,8 +8,9 @@ from pydantic import ValidationError
 class Refused(Exception):
     """A request the hook will not act on; nothing was handed over."""
 
-    def __init__(self, status: int, error: str, problems: list[dict[str, str]],
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, status: int, error: str, problems: list[dict[str, str]], headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(error)
         self.status = status
         self.error = error

@@ -42,8 +42,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
             # Refused at once: waiting for its request would hold the connection it should free.
-            self._refuse(Refused(503, "unavailable", [problem(
-                "connection", f"the hook holds {self.limits.max_connections} connections already; retry later")]))
+            self._refuse(
+                Refused(
+                    503,
+                    "unavailable",
+                    [
+                        problem(
+                            "connection",
+                            f"the hook holds {self.limits.max_connections} connections already; retry later",
+                        )
+                    ],
+                )
+            )
             return
         self._arm_header_timer()
 
@@ -99,9 +109,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
     def _refuse_large_headers(self) -> None:
-        self._refuse(Refused(431, "request header fields too large", [problem(
-            "headers", f"the request line and headers are larger than {self.limits.max_header_bytes} bytes")]),
-            linger=True)
+        self._refuse(
+            Refused(
+                431,
+                "request header fields too large",
+                [
+                    problem(
+                        "headers", f"the request line and headers are larger than {self.limits.max_header_bytes} bytes"
+                    )
+                ],
+            ),
+            linger=True,
+        )
 
     def _refuse(self, refused: Refused, linger: bool = False) -> None:
         """Answer with the refusal's JSON problem and close: nothing more of this connection is
@@ -109,8 +128,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refused = True
         self._disarm_header_timer()
         body = json.dumps(refused.body(), separators=(",", ":")).encode()
-        head = (f"HTTP/1.1 {refused.status} {http.HTTPStatus(refused.status).phrase}\r\n"
-                f"content-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n")
+        head = (
+            f"HTTP/1.1 {refused.status} {http.HTTPStatus(refused.status).phrase}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        )
         self.transport.write(head.encode() + body)
         if linger and self.transport.can_write_eof():
             self.transport.write_eof()

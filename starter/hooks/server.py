@@ -41,11 +41,14 @@ def check_secondary_xids(settings: Settings, hook: HookSettings) -> None:
     """Raise ConfigError when a secondary XID is one the XID policy classes fatal or degrading: a
     node's own failure must never join another node's incident."""
     table = XidPolicyTable(settings.xid_policy_file)
-    primary = sorted(x for x in hook.secondary_xids
-                     if table.classify(x).fault_class in (FaultClass.FATAL, FaultClass.DEGRADING))
+    primary = sorted(
+        x for x in hook.secondary_xids if table.classify(x).fault_class in (FaultClass.FATAL, FaultClass.DEGRADING)
+    )
     if primary:
-        raise ConfigError(f"RECOVERY_HOOKS_SECONDARY_XIDS: XID {', '.join(map(str, primary))} is fatal or degrading "
-                          f"in {table.path}: a node's own failure, never joined to another node's incident")
+        raise ConfigError(
+            f"RECOVERY_HOOKS_SECONDARY_XIDS: XID {', '.join(map(str, primary))} is fatal or degrading "
+            f"in {table.path}: a node's own failure, never joined to another node's incident"
+        )
 
 
 def node_inventory(settings: Settings, hook: HookSettings) -> NodeInventory:
@@ -54,13 +57,16 @@ def node_inventory(settings: Settings, hook: HookSettings) -> NodeInventory:
     closed and refuse every alert."""
     if (hook.inventory or ("slurm" if settings.slurm_conf else "off")) == "off":
         if hook.inventory is None:
-            log.warning("no SLURM_CONF and RECOVERY_HOOKS_INVENTORY unset: alerts on nodes the cluster does not "
-                        "have are not refused")
+            log.warning(
+                "no SLURM_CONF and RECOVERY_HOOKS_INVENTORY unset: alerts on nodes the cluster does not "
+                "have are not refused"
+            )
         return EveryNode()
     slurm = SlurmClient(SlurmCli(slurm_conf=settings.slurm_conf, bin_dir=settings.slurm_bin_dir))
 
     async def node_names() -> list[str]:
         return [node.name for node in await slurm.list_nodes()]
+
     return SlurmInventory(node_names, hook.inventory_ttl_seconds)
 
 
@@ -70,18 +76,33 @@ def build_app(settings: Settings, hook: HookSettings, client: Client) -> HookApp
     incidents = TemporalIncidents(client, settings.task_queue, settings.policy())
     calls: Counter[str] = Counter()
     directory = RunningIncidents(client, timedelta(seconds=hook.correlation_refresh_seconds), calls)
-    return HookApp(hook, Intake(incidents, hook.intake_limits(), directory=directory, temporal_calls=calls),
-                   node_inventory(settings, hook))
+    return HookApp(
+        hook,
+        Intake(incidents, hook.intake_limits(), directory=directory, temporal_calls=calls),
+        node_inventory(settings, hook),
+    )
 
 
 def _config(asgi: ASGIApp, hook: HookSettings) -> uvicorn.Config:
     # proxy_headers off: the hook uses no client address, so X-Forwarded-* need no parsing per request.
-    limits = ConnectionLimits(max_header_bytes=hook.max_header_bytes, header_timeout=hook.header_timeout_seconds,
-                              max_connections=hook.max_connections)
-    return uvicorn.Config(asgi, host=hook.host, port=hook.port, http=guarded_protocol(limits), lifespan="off",
-                          proxy_headers=False, access_log=hook.access_log, log_level="info",
-                          timeout_graceful_shutdown=10,
-                          ssl_certfile=hook.tls_cert_file, ssl_keyfile=hook.tls_key_file)
+    limits = ConnectionLimits(
+        max_header_bytes=hook.max_header_bytes,
+        header_timeout=hook.header_timeout_seconds,
+        max_connections=hook.max_connections,
+    )
+    return uvicorn.Config(
+        asgi,
+        host=hook.host,
+        port=hook.port,
+        http=guarded_protocol(limits),
+        lifespan="off",
+        proxy_headers=False,
+        access_log=hook.access_log,
+        log_level="info",
+        timeout_graceful_shutdown=10,
+        ssl_certfile=hook.tls_cert_file,
+        ssl_keyfile=hook.tls_key_file,
+    )
 
 
 def serve(settings: Settings, hook: HookSettings) -> Coroutine[None, None, int]:
@@ -99,9 +120,16 @@ async def _serve(settings: Settings, hook: HookSettings) -> int:
     check_secondary_xids(settings, hook)  # a bad configuration is refused before anything is dialled
     client = await connect(settings, **CLIENT_OPTIONS)
     app = build_app(settings, hook, client)
-    log.info("alert hooks on %s://%s:%d (auth: %s) -> Temporal %s/%s, task queue %s",
-             "https" if hook.tls_cert_file else "http", hook.host, hook.port,
-             ",".join(hook.auth), settings.temporal_address, settings.temporal_namespace, settings.task_queue)
+    log.info(
+        "alert hooks on %s://%s:%d (auth: %s) -> Temporal %s/%s, task queue %s",
+        "https" if hook.tls_cert_file else "http",
+        hook.host,
+        hook.port,
+        ",".join(hook.auth),
+        settings.temporal_address,
+        settings.temporal_namespace,
+        settings.task_queue,
+    )
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again for the handler
     # that was there before; that one is this no-op, so the command ends with 0, like the worker.
     before = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}

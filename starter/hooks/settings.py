@@ -34,24 +34,34 @@ class HookSettings(BaseSettings):
     token: SecretStr | None = Field(None, description="the bearer token, valid for every node")
     token_file: Path | None = Field(None, description="a file holding the bearer token (instead of token)")
     hmac_key: SecretStr | None = Field(
-        None, description="the key of the HMAC-SHA256 signature over timestamp.nonce.body, valid for every node")
+        None, description="the key of the HMAC-SHA256 signature over timestamp.nonce.body, valid for every node"
+    )
     hmac_key_file: Path | None = None
     credentials_file: Path | None = Field(
-        None, description="named bearer credentials, each scoped to the nodes it may report on, and node agents' "
-        "derived tokens (starter/hooks/credentials.py)")
+        None,
+        description="named bearer credentials, each scoped to the nodes it may report on, and node agents' "
+        "derived tokens (starter/hooks/credentials.py)",
+    )
     signature_window_seconds: float = Field(
-        300.0, gt=0, description="a signature is valid this long either side of its X-Recovery-Timestamp, and "
-        "its nonce is remembered as long")
+        300.0,
+        gt=0,
+        description="a signature is valid this long either side of its X-Recovery-Timestamp, and "
+        "its nonce is remembered as long",
+    )
     nonce_cache_size: int = Field(
-        100_000, gt=0, description="nonces remembered within the window; when full, signed requests get 503")
+        100_000, gt=0, description="nonces remembered within the window; when full, signed requests get 503"
+    )
 
     # --- the server, facing the network ---
     tls_cert_file: FilePath | None = Field(None, description="serve HTTPS with this certificate chain (PEM)")
     tls_key_file: FilePath | None = Field(None, description="the certificate's private key (PEM)")
     max_header_bytes: int = Field(16 * 1024, gt=0, description="request line and headers; larger: 431")
     header_timeout_seconds: float = Field(
-        10.0, gt=0, description="a connection that has not sent its request's headers this long after it opened "
-        "(or after the request's first byte) is closed")
+        10.0,
+        gt=0,
+        description="a connection that has not sent its request's headers this long after it opened "
+        "(or after the request's first byte) is closed",
+    )
     max_connections: int = Field(1000, gt=0, description="connections beyond this many are answered 503 and closed")
 
     # --- input limits ---
@@ -64,12 +74,17 @@ class HookSettings(BaseSettings):
 
     # --- correlation (docs/alert-hooks.md, "Correlation") ---
     correlation_window_seconds: float = Field(
-        120.0, ge=0, description="a secondary alert joins an incident that started at most this far from it")
+        120.0, ge=0, description="a secondary alert joins an incident that started at most this far from it"
+    )
     correlation_hold_seconds: float = Field(
-        10.0, ge=0, description="how long a secondary alert on a node with no incident of its own waits for "
-        "the incident it follows from (its job peers are known once that incident has found its jobs)")
+        10.0,
+        ge=0,
+        description="how long a secondary alert on a node with no incident of its own waits for "
+        "the incident it follows from (its job peers are known once that incident has found its jobs)",
+    )
     correlation_refresh_seconds: float = Field(
-        1.0, gt=0, description="the running incidents are read from visibility at most this often")
+        1.0, gt=0, description="the running incidents are read from visibility at most this often"
+    )
     secondary_xids: Annotated[list[Xid], NoDecode] = Field(
         default_factory=lambda: [45, 74],
         description="XIDs that follow from a failure elsewhere: they join a peer's incident",
@@ -83,16 +98,24 @@ class HookSettings(BaseSettings):
 
     # --- the cluster's nodes (docs/alert-hooks.md, "Unknown nodes") ---
     inventory: Literal["slurm", "off"] | None = Field(
-        None, description="refuse alerts on nodes the cluster does not have: slurm (its node list, read through "
-        "the Slurm CLI) or off; unset: slurm when SLURM_CONF (or RECOVERY_SLURM_CONF) says where Slurm is, else off")
+        None,
+        description="refuse alerts on nodes the cluster does not have: slurm (its node list, read through "
+        "the Slurm CLI) or off; unset: slurm when SLURM_CONF (or RECOVERY_SLURM_CONF) says where Slurm is, else off",
+    )
     inventory_ttl_seconds: float = Field(
-        60.0, gt=0, description="the cluster's node list is read again after this long (a node added to the "
-        "cluster is refused until then)")
+        60.0,
+        gt=0,
+        description="the cluster's node list is read again after this long (a node added to the "
+        "cluster is refused until then)",
+    )
 
     # --- per-node state ---
     node_state_size: int = Field(
-        100_000, gt=0, description="nodes whose state the hook keeps (last incident, flood counts); beyond it "
-        "the longest idle node's is forgotten")
+        100_000,
+        gt=0,
+        description="nodes whose state the hook keeps (last incident, flood counts); beyond it "
+        "the longest idle node's is forgotten",
+    )
 
     # --- hand-over ---
     max_batch_alerts: int = Field(200, gt=0, description="alerts per hand-over to one incident")
@@ -112,16 +135,19 @@ class HookSettings(BaseSettings):
         self.token = _secret(self.token, self.token_file, "TOKEN")
         self.hmac_key = _secret(self.hmac_key, self.hmac_key_file, "HMAC_KEY")
         if "bearer" in self.auth and self.token is None and self.credentials_file is None:
-            raise ValueError("bearer authentication needs RECOVERY_HOOKS_TOKEN, RECOVERY_HOOKS_TOKEN_FILE or "
-                             "RECOVERY_HOOKS_CREDENTIALS_FILE")
+            raise ValueError(
+                "bearer authentication needs RECOVERY_HOOKS_TOKEN, RECOVERY_HOOKS_TOKEN_FILE or "
+                "RECOVERY_HOOKS_CREDENTIALS_FILE"
+            )
         if "hmac" in self.auth and self.hmac_key is None:
             raise ValueError("hmac authentication needs RECOVERY_HOOKS_HMAC_KEY or RECOVERY_HOOKS_HMAC_KEY_FILE")
         if self.credentials_file is not None:
             try:
                 self.bearer_tokens()  # a bad file is refused at start, not at the first request
             except (OSError, ValueError) as e:
-                raise ValueError(f"RECOVERY_HOOKS_CREDENTIALS_FILE {self.credentials_file}: "
-                                 f"{' '.join(str(e).split())}") from None
+                raise ValueError(
+                    f"RECOVERY_HOOKS_CREDENTIALS_FILE {self.credentials_file}: {' '.join(str(e).split())}"
+                ) from None
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("TLS needs both RECOVERY_HOOKS_TLS_CERT_FILE and RECOVERY_HOOKS_TLS_KEY_FILE")
         if not self.node_labels:

@@ -39,8 +39,13 @@ class TemporalIncidents:
 
     async def join_or_open(self, node: str, alerts: list[NodeFailureAlert]) -> str:
         try:
-            handle = await raise_alerts(self._client, alerts, self._task_queue, self._policy,
-                                        id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
+            handle = await raise_alerts(
+                self._client,
+                alerts,
+                self._task_queue,
+                self._policy,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            )
         except WorkflowAlreadyStartedError as e:
             raise IncidentEnded(node) from e
         return handle.result_run_id or ""

@@ -121,19 +121,29 @@ def gpu_uuid(node: str, gpu: int) -> str:
     return f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}/{gpu}')}"
 
 
-def dcgm_alert(node: str, xid: int, starts_at: datetime, *, gpu: int = 0, status: str = "firing",
-               node_label: str = "Hostname") -> dict:
+def dcgm_alert(
+    node: str, xid: int, starts_at: datetime, *, gpu: int = 0, status: str = "firing", node_label: str = "Hostname"
+) -> dict:
     """One alert of the shipped rule, as Alertmanager delivers it (labels of dcgm-exporter)."""
     labels = {
-        "alertname": "GpuXidError", node_label: node, "gpu": str(gpu), "UUID": gpu_uuid(node, gpu),
-        "device": f"nvidia{gpu}", "modelName": "NVIDIA H100 80GB HBM3", "xid": str(xid),
-        "instance": "dcgm-exporter:9400", "job": "dcgm-exporter", "severity": "critical",
+        "alertname": "GpuXidError",
+        node_label: node,
+        "gpu": str(gpu),
+        "UUID": gpu_uuid(node, gpu),
+        "device": f"nvidia{gpu}",
+        "modelName": "NVIDIA H100 80GB HBM3",
+        "xid": str(xid),
+        "instance": "dcgm-exporter:9400",
+        "job": "dcgm-exporter",
+        "severity": "critical",
     }
     return {
         "status": status,
         "labels": labels,
-        "annotations": {"summary": f"XID {xid} on GPU {gpu} of {node}",
-                        "description": f"DCGM_FI_DEV_XID_ERRORS is {xid} on {node} GPU {gpu}"},
+        "annotations": {
+            "summary": f"XID {xid} on GPU {gpu} of {node}",
+            "description": f"DCGM_FI_DEV_XID_ERRORS is {xid} on {node} GPU {gpu}",
+        },
         "startsAt": starts_at.isoformat(),
         "endsAt": NEVER if status == "firing" else starts_at.isoformat(),
         "generatorURL": "http://prometheus:9090/graph?g0.expr=DCGM_FI_DEV_XID_ERRORS+%3E+0",
@@ -145,9 +155,16 @@ def alertmanager_payload(alerts: list[dict], receiver: str = "training-recovery"
     status = "firing" if any(a["status"] == "firing" for a in alerts) else "resolved"
     common = {k: v for k, v in alerts[0]["labels"].items() if all(a["labels"].get(k) == v for a in alerts)}
     return {
-        "version": "4", "groupKey": '{}:{alertname="GpuXidError"}', "truncatedAlerts": 0, "status": status,
-        "receiver": receiver, "groupLabels": {"alertname": "GpuXidError"}, "commonLabels": common,
-        "commonAnnotations": {}, "externalURL": "http://alertmanager:9093", "alerts": alerts,
+        "version": "4",
+        "groupKey": '{}:{alertname="GpuXidError"}',
+        "truncatedAlerts": 0,
+        "status": status,
+        "receiver": receiver,
+        "groupLabels": {"alertname": "GpuXidError"},
+        "commonLabels": common,
+        "commonAnnotations": {},
+        "externalURL": "http://alertmanager:9093",
+        "alerts": alerts,
     }
 
 
@@ -163,10 +180,17 @@ def kernel_log_post(node: str, lines: list[str], observed_at: datetime | None = 
     return post
 
 
-def gpu_health_event(node: str, xid: int | None, observed_at: datetime, *, gpu: int = 0,
-                     source: str = "dcgm-health") -> dict:
-    event = {"node": node, "gpu_index": gpu, "gpu_uuid": gpu_uuid(node, gpu), "observed_at": observed_at.isoformat(),
-             "source": source, "message": "reported by the node agent"}
+def gpu_health_event(
+    node: str, xid: int | None, observed_at: datetime, *, gpu: int = 0, source: str = "dcgm-health"
+) -> dict:
+    event = {
+        "node": node,
+        "gpu_index": gpu,
+        "gpu_uuid": gpu_uuid(node, gpu),
+        "observed_at": observed_at.isoformat(),
+        "source": source,
+        "message": "reported by the node agent",
+    }
     if xid is None:
         event["kind"] = "nccl_timeout"
     else:

@@ -20,6 +20,7 @@ from starter.localstack import LocalStack
 class Case:
     """One drill incident run by the stack's worker process (a subprocess), with the part of
     slurmctld's log written meanwhile."""
+
     stack: LocalStack
     cluster: dict[str, str]
     drill: Drill
@@ -29,8 +30,11 @@ class Case:
     @classmethod
     def on(cls, client: Client, stack: LocalStack, cluster: dict[str, str], settings: Settings) -> Case:
         stack = dataclasses.replace(stack, task_queue=settings.task_queue)
-        return cls(stack, cluster, Drill(client, stack, cluster, settings.policy(),
-                                         XidPolicyTable(settings.xid_policy_file), say=print))
+        return cls(
+            stack,
+            cluster,
+            Drill(client, stack, cluster, settings.policy(), XidPolicyTable(settings.xid_policy_file), say=print),
+        )
 
     @property
     def ctld_log(self) -> Path:
@@ -41,8 +45,9 @@ class Case:
             f.seek(self.log_offset)
             return f.read()
 
-    async def start(self, workers: list[LocalStack] | None = None,
-                    kubernetes: SimulatedKubernetes | None = None) -> DrillRun:
+    async def start(
+        self, workers: list[LocalStack] | None = None, kubernetes: SimulatedKubernetes | None = None
+    ) -> DrillRun:
         """Start the worker processes (the stack's own by default), then the XID 79 drill (on
         Slurm on Kubernetes with `kubernetes`)."""
         self.log_offset = self.ctld_log.stat().st_size

@@ -95,8 +95,17 @@ class FaultProxy:
     async def __aexit__(self, *exc) -> None:
         await self.stop()
 
-    def inject(self, method: str, path_regex: str, *, status: int | None = None, delay: float = 0.0,
-               drop: bool = False, times: int | None = 1, after_forward: bool = False) -> Fault:
+    def inject(
+        self,
+        method: str,
+        path_regex: str,
+        *,
+        status: int | None = None,
+        delay: float = 0.0,
+        drop: bool = False,
+        times: int | None = 1,
+        after_forward: bool = False,
+    ) -> Fault:
         if sum((status is not None, delay > 0, drop)) != 1:
             raise ValueError("a fault is one of status, delay or drop")
         fault = Fault(method.upper(), re.compile(path_regex), status, delay, drop, times, after_forward)
@@ -155,8 +164,12 @@ class FaultProxy:
         if fault.drop:
             writer.transport.abort()
             return False
-        error = {"error": f"injected by the test: {fault.describe()}", "error_number": 9000,
-                 "source": "tests/faults/proxy.py", "description": HTTPStatus(fault.status).phrase}
+        error = {
+            "error": f"injected by the test: {fault.describe()}",
+            "error_number": 9000,
+            "source": "tests/faults/proxy.py",
+            "description": HTTPStatus(fault.status).phrase,
+        }
         answer = httpx.Response(fault.status, json={"errors": [error], "warnings": []})
         await self._respond(writer, answer)
         return True
@@ -173,4 +186,3 @@ class FaultProxy:
         lines += [f"Content-Length: {len(content)}", "", ""]
         writer.write("\r\n".join(lines).encode("latin-1") + content)
         await writer.drain()
-

@@ -62,10 +62,18 @@ INCIDENT_SECONDS = 300
 DRAINED = "drained in Slurm"
 # Started, its alert signalled, its first workflow task scheduled and started: nothing recorded yet.
 FIRST_TASK_OPEN = 4
-POINTS = [("drain_node", DRAINED), ("request_lease", "completed"), ("signal_job", "completed"),
-          ("requeue_job", "scheduled"), ("mark_node_down", "scheduled"), ("request_replacement", "scheduled"),
-          ("wait_for_spare", "scheduled"), ("verify_restart", "scheduled"), ("verify_restart", "started"),
-          ("record_incident", "scheduled")]
+POINTS = [
+    ("drain_node", DRAINED),
+    ("request_lease", "completed"),
+    ("signal_job", "completed"),
+    ("requeue_job", "scheduled"),
+    ("mark_node_down", "scheduled"),
+    ("request_replacement", "scheduled"),
+    ("wait_for_spare", "scheduled"),
+    ("verify_restart", "scheduled"),
+    ("verify_restart", "started"),
+    ("record_incident", "scheduled"),
+]
 HOST = host_slurm_generation()
 OTHER = next(g for g in DEBIAN_RELEASE_OF_GENERATION if g != HOST)
 
@@ -80,7 +88,8 @@ async def history_of(case: Case, activity: str) -> WorkflowHandle:
     if activity != "request_replacement":
         return case.run.handle
     claim = case.drill.client.get_workflow_handle(
-        spare_claim_workflow_id(case.stack.task_queue, case.drill.spare_nodes[0]))
+        spare_claim_workflow_id(case.stack.task_queue, case.drill.spare_nodes[0])
+    )
 
     async def started() -> bool:
         try:
@@ -111,8 +120,10 @@ async def test_worker_killed_at_each_point_the_next_worker_finishes(case, activi
     at_kill = (await run.handle.describe()).raw_description
     open_at_kill = at_kill.workflow_execution_info.status == WorkflowExecutionStatus.RUNNING
     pending = [f"{p.activity_type.name} {PendingActivityState.Name(p.state)}" for p in at_kill.pending_activities]
-    where = (f"worker {killed} killed at {activity} {point} (pending then: {pending or 'none'}; "
-             f"{at_kill.workflow_execution_info.history_length} events in the history)")
+    where = (
+        f"worker {killed} killed at {activity} {point} (pending then: {pending or 'none'}; "
+        f"{at_kill.workflow_execution_info.history_length} events in the history)"
+    )
     print(where)
     result = await case.drill.finish(run, INCIDENT_SECONDS)
     await check_recovered_once(case, run, result, where)
@@ -182,7 +193,8 @@ async def test_spare_slurmd_killed_before_the_incident_takes_it(case):
 
 @pytest.mark.parametrize("local_stack", [HOST], indirect=True)
 async def test_worker_killed_while_it_delivers_a_notification_it_is_delivered_once(
-        crash_temporal, local_stack, slurm_cluster, monkeypatch):
+    crash_temporal, local_stack, slurm_cluster, monkeypatch
+):
     """The worker dies in the middle of POSTing "incident opened" to a slow webhook: the next
     worker delivers it again (after the delivery's 30 s timeout) with the same Idempotency-Key, so
     a receiver that drops repeats has each notification once; the incident recovers meanwhile."""
@@ -190,8 +202,9 @@ async def test_worker_killed_while_it_delivers_a_notification_it_is_delivered_on
     receiver = WebhookReceiver(hold="incident_opened")
     monkeypatch.setenv("RECOVERY_NOTIFY_WEBHOOK_URL", receiver.url)  # the worker process's configuration
     settings = stack_settings(local_stack, slurm_cluster, f"crash-{uuid.uuid4()}", notify_webhook_url=receiver.url)
-    case = Case.on(client, dataclasses.replace(local_stack, temporal_port=server.temporal_port), slurm_cluster,
-                   settings)
+    case = Case.on(
+        client, dataclasses.replace(local_stack, temporal_port=server.temporal_port), slurm_cluster, settings
+    )
     try:
         run = await case.start()
 
@@ -219,20 +232,24 @@ async def test_worker_killed_while_it_delivers_a_notification_it_is_delivered_on
         receiver.shutdown()
         await case.end()
     incident = result.report.incident_id
-    assert posts() == {"incident_opened": [f"{incident}/incident_opened"] * 2,
-                       "recovered": [f"{incident}/recovered"]}, receiver.received
+    assert posts() == {
+        "incident_opened": [f"{incident}/incident_opened"] * 2,
+        "recovered": [f"{incident}/recovered"],
+    }, receiver.received
 
 
 @pytest.mark.parametrize("local_stack", [HOST], indirect=True)
 async def test_worker_killed_while_it_evicts_the_slurmd_pod_the_next_one_evicts_it_once(
-        crash_temporal, local_stack, slurm_cluster, monkeypatch):
+    crash_temporal, local_stack, slurm_cluster, monkeypatch
+):
     """Slurm on Kubernetes: the worker dies while a PodDisruptionBudget keeps refusing (429) the
     slurmd pod's eviction; the next worker takes the step over once the budget allows, and the
     API server sees the pod evicted once; the job is requeued once."""
     server, client = crash_temporal
     settings = stack_settings(local_stack, slurm_cluster, f"crash-{uuid.uuid4()}")
-    case = Case.on(client, dataclasses.replace(local_stack, temporal_port=server.temporal_port), slurm_cluster,
-                   settings)
+    case = Case.on(
+        client, dataclasses.replace(local_stack, temporal_port=server.temporal_port), slurm_cluster, settings
+    )
     async with SimulatedKubernetes(case.drill, in_process_worker=False) as kubernetes:
         for name, value in kubernetes.worker_environment().items():  # the worker process's configuration
             monkeypatch.setenv(name, value)
@@ -249,8 +266,9 @@ async def test_worker_killed_while_it_evicts_the_slurmd_pod_the_next_one_evicts_
             killed, second = case.restart_worker()
             kubernetes.server.faults.clear()  # the budget allows it now
             result = await case.drill.finish(run, INCIDENT_SECONDS)
-            posts = [path for method, path in kubernetes.server.requests
-                     if method == "POST" and path.endswith("/eviction")]
+            posts = [
+                path for method, path in kubernetes.server.requests if method == "POST" and path.endswith("/eviction")
+            ]
         finally:
             await case.end()
     r = result.report

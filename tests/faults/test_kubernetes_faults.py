@@ -91,8 +91,9 @@ def test_the_fault_hook_answers_drops_and_delays_as_told(kube_api: ApiFront, kub
     kube_seed.pod("p2", "default", node="n1")
     kube_api.faults.inject("POST", r"/pods/p2/eviction$", delay=1.0)
     with pytest.raises(urllib3.exceptions.ReadTimeoutError):
-        core.create_namespaced_pod_eviction("p2", "default", kube.V1Eviction(metadata=kube.V1ObjectMeta(name="p2")),
-                                            _request_timeout=0.3)
+        core.create_namespaced_pod_eviction(
+            "p2", "default", kube.V1Eviction(metadata=kube.V1ObjectMeta(name="p2")), _request_timeout=0.3
+        )
     eventually(lambda: core.read_namespaced_pod("p2", "default").metadata.deletion_timestamp)
     with pytest.raises(ValueError, match="one of status, delay or drop"):
         kube_api.faults.inject("GET", "/", status=500, drop=True)
@@ -122,20 +123,31 @@ class Stage:
 
     async def run(self, activity: str, arg: Any, options: str = "call") -> dict[str, Any]:
         return await self.client.execute_workflow(
-            KubernetesStep.run, args=[activity, options, arg.model_dump(mode="json")],
-            id=f"k8s-step-{uuid.uuid4()}", task_queue=self.task_queue)
+            KubernetesStep.run,
+            args=[activity, options, arg.model_dump(mode="json")],
+            id=f"k8s-step-{uuid.uuid4()}",
+            task_queue=self.task_queue,
+        )
 
     def writes_to(self, path_regex: str) -> list[tuple[str, str]]:
         """The writes since the stage was seeded to paths that match."""
-        return [r for r in self.server.writes()[self.seed_writes:] if re.search(path_regex, r[1].split("?")[0])]
+        return [r for r in self.server.writes()[self.seed_writes :] if re.search(path_regex, r[1].split("?")[0])]
 
     def pod(self) -> kube.V1Pod:
         return self.core.read_namespaced_pod(SLURM_NODE, self.namespace)
 
 
 @pytest_asyncio.fixture
-async def stage(time_skipping_env, slurm_cluster, settings, kube_api, kube_client, kube_namespace,  # noqa: F811
-                kube_seed, tmp_path) -> AsyncIterator[Stage]:
+async def stage(
+    time_skipping_env,
+    slurm_cluster,
+    settings,
+    kube_api,
+    kube_client,
+    kube_namespace,  # noqa: F811
+    kube_seed,
+    tmp_path,
+) -> AsyncIterator[Stage]:
     """kubesim with a Node and the slurmd pod of a real Slurm node, that Slurm node drained and
     empty (as it is when the incident evicts), and a worker with the Kubernetes activities whose
     Slurm traffic goes through a FaultProxy. Everything is undone on leaving."""
@@ -149,16 +161,34 @@ async def stage(time_skipping_env, slurm_cluster, settings, kube_api, kube_clien
         stack.push_async_callback(cli.update_node, SLURM_NODE, "RESUME", None)
         proxy = await stack.enter_async_context(FaultProxy(settings.slurmrestd_url))
         slurm = await build_slurm(settings.model_copy(update={"slurmrestd_url": proxy.url}), stack)
-        k8s = k8s_settings(kube_api, tmp_path, namespace=kube_namespace, eviction_deadline_seconds=10,
-                           termination_deadline_seconds=10, nodeset_scale_up=True)
+        k8s = k8s_settings(
+            kube_api,
+            tmp_path,
+            namespace=kube_namespace,
+            eviction_deadline_seconds=10,
+            termination_deadline_seconds=10,
+            nodeset_scale_up=True,
+        )
         worker_api = load_api_client(k8s).api
         stack.callback(worker_api.close)
         stack.enter_context(Kubelet(kube_client, finish_after=0.3))
-        await stack.enter_async_context(Worker(
-            time_skipping_env.client, task_queue=settings.task_queue, workflows=[KubernetesStep],
-            activities=KubernetesActivities(worker_api, k8s, slurm).all()))
-        yield Stage(kube_api, kube.CoreV1Api(kube_client), kube_namespace, proxy, time_skipping_env.client,
-                    settings.task_queue, seed_writes)
+        await stack.enter_async_context(
+            Worker(
+                time_skipping_env.client,
+                task_queue=settings.task_queue,
+                workflows=[KubernetesStep],
+                activities=KubernetesActivities(worker_api, k8s, slurm).all(),
+            )
+        )
+        yield Stage(
+            kube_api,
+            kube.CoreV1Api(kube_client),
+            kube_namespace,
+            proxy,
+            time_skipping_env.client,
+            settings.task_queue,
+            seed_writes,
+        )
 
 
 async def located(stage: Stage) -> SlurmdPod:
@@ -186,8 +216,11 @@ TRANSIENT = [
 ]
 
 
-@pytest.mark.parametrize("activity, method, path, fault", TRANSIENT,
-                         ids=[f"{a}-{m}-{'-'.join(f'{k}={v}' for k, v in f.items())}" for a, m, _, f in TRANSIENT])
+@pytest.mark.parametrize(
+    "activity, method, path, fault",
+    TRANSIENT,
+    ids=[f"{a}-{m}-{'-'.join(f'{k}={v}' for k, v in f.items())}" for a, m, _, f in TRANSIENT],
+)
 async def test_a_transient_api_fault_is_retried_and_the_step_takes_effect_once(stage, activity, method, path, fault):
     pod = await located(stage) if activity == "evict_slurmd_pod" else None
     injected = stage.server.faults.inject(method, path, **fault)
@@ -201,15 +234,21 @@ async def test_a_transient_api_fault_is_retried_and_the_step_takes_effect_once(s
         assert fenced.changed and node.spec.unschedulable and len(taints) == 1
         assert [c.type for c in node.status.conditions].count("GPURecoveryFenced") == 1
     elif activity == "request_k8s_replacement":
-        asked = K8sReplacementResult.model_validate(await stage.run(
-            activity, K8sReplacementRequest(failed_node=NODE, slurm_node=SLURM_NODE, ctx=ctx(INCIDENT)),
-            options="replacement"))
+        asked = K8sReplacementResult.model_validate(
+            await stage.run(
+                activity,
+                K8sReplacementRequest(failed_node=NODE, slurm_node=SLURM_NODE, ctx=ctx(INCIDENT)),
+                options="replacement",
+            )
+        )
         nodeset = kube.CustomObjectsApi(stage.core.api_client).get_namespaced_custom_object(
-            NODESET_GROUP, "v1alpha1", stage.namespace, "nodesets", "gpu")
+            NODESET_GROUP, "v1alpha1", stage.namespace, "nodesets", "gpu"
+        )
         assert asked.accepted and nodeset["spec"]["replicas"] == 3, (asked.detail, nodeset["spec"])  # one more, once
     else:
-        evicted = EvictResult.model_validate(await stage.run(
-            activity, EvictRequest(pod=pod, ctx=ctx(INCIDENT)), options="eviction"))
+        evicted = EvictResult.model_validate(
+            await stage.run(activity, EvictRequest(pod=pod, ctx=ctx(INCIDENT)), options="eviction")
+        )
         assert evicted.evicted and evicted.terminated, evicted.detail
         assert [a.path for a in evicted.actions] == ["kubernetes"], evicted.actions
         assert f"Slurm: {SLURM_NODE} idle+DRAIN" in evicted.actions[0].detail
@@ -262,10 +301,17 @@ async def _fails(call) -> ApplicationError:
 
 
 async def test_a_k8s_incident_with_transient_faults_on_the_fence_and_the_eviction_recovers_with_one_eviction(
-        temporal_env, local_stack, slurm_cluster, settings):  # noqa: F811
+    temporal_env, local_stack, slurm_cluster, settings
+):  # noqa: F811
     stack = dataclasses.replace(local_stack, task_queue=settings.task_queue)
-    drill = Drill(temporal_env.client, stack, slurm_cluster, settings.policy(),
-                  XidPolicyTable(settings.xid_policy_file), say=print)
+    drill = Drill(
+        temporal_env.client,
+        stack,
+        slurm_cluster,
+        settings.policy(),
+        XidPolicyTable(settings.xid_policy_file),
+        say=print,
+    )
     async with SimulatedKubernetes(drill) as kubernetes:
         faults = kubernetes.server.faults
         injected = [
@@ -276,8 +322,9 @@ async def test_a_k8s_incident_with_transient_faults_on_the_fence_and_the_evictio
         ]
         run = await drill.start(DrillOptions(xid=79), kubernetes=kubernetes)
         result = await drill.finish(run, 300)
-        evictions = [path for method, path in kubernetes.server.requests
-                     if method == "POST" and path.endswith("/eviction")]
+        evictions = [
+            path for method, path in kubernetes.server.requests if method == "POST" and path.endswith("/eviction")
+        ]
     r = result.report
     assert r.outcome == "recovered", r.model_dump_json(indent=1)
     assert all(f.hits == 1 for f in injected), injected

@@ -67,7 +67,8 @@ async def end_workflows_left_on(client: Client, task_queue: str) -> None:
     worker is gone, and on the time-skipping server a workflow task waiting for one would stop
     time from skipping for every later test."""
     listed = await client.workflow_service.list_open_workflow_executions(
-        ListOpenWorkflowExecutionsRequest(namespace=client.namespace, maximum_page_size=1000))
+        ListOpenWorkflowExecutionsRequest(namespace=client.namespace, maximum_page_size=1000)
+    )
     for execution in listed.executions:
         handle = client.get_workflow_handle(execution.execution.workflow_id, run_id=execution.execution.run_id)
         if (await handle.describe()).task_queue == task_queue:
@@ -80,8 +81,14 @@ async def end_workflows_left_on(client: Client, task_queue: str) -> None:
 
 def drill_on(client: Client, local_stack, slurm_cluster, settings: Settings, **policy) -> Drill:
     stack = dataclasses.replace(local_stack, task_queue=settings.task_queue)
-    return Drill(client, stack, slurm_cluster, settings.policy().model_copy(update=policy),
-                 XidPolicyTable(settings.xid_policy_file), say=print)
+    return Drill(
+        client,
+        stack,
+        slurm_cluster,
+        settings.policy().model_copy(update=policy),
+        XidPolicyTable(settings.xid_policy_file),
+        say=print,
+    )
 
 
 async def follow_to_the_end(drill: Drill, run: DrillRun) -> tuple[IncidentReport, SlurmJob, SlurmNode]:
@@ -119,10 +126,12 @@ def test_the_transient_faults_meet_every_request_an_incident_sends_to_slurmrestd
 
 
 async def test_transient_slurmrestd_faults_at_every_call_are_retried_and_the_job_is_requeued_once(
-        temporal_env, local_stack, slurm_cluster, settings):
+    temporal_env, local_stack, slurm_cluster, settings
+):
     async with worker_behind_proxy(temporal_env.client, settings) as (proxy, slurm):
-        injected = {op: proxy.inject(*rest_path(op), **fault) for op, fault in TRANSIENT
-                    if slurm.path_for(op) == "rest"}
+        injected = {
+            op: proxy.inject(*rest_path(op), **fault) for op, fault in TRANSIENT if slurm.path_for(op) == "rest"
+        }
         drill = drill_on(temporal_env.client, local_stack, slurm_cluster, settings)
         run = await drill.start(DrillOptions(xid=FATAL_XID))
         report, job, node = await follow_to_the_end(drill, run)
@@ -134,7 +143,7 @@ async def test_transient_slurmrestd_faults_at_every_call_are_retried_and_the_job
         seen = proxy.requests(method, path)
         assert fault.hits == (fault.times or 0), (op, seen)
         # ... and the call was made again, and went through, after its faults
-        assert any(s.fault is None for s in seen[fault.hits:]), (op, seen)
+        assert any(s.fault is None for s in seen[fault.hits :]), (op, seen)
     # Every effect once: Slurm's own restart count, the audit trail, one drain of this incident.
     assert job.restart_count == 1, f"requeued {job.restart_count} times"
     [requeue] = actions(report, "requeue_hold")
@@ -152,7 +161,8 @@ async def test_transient_slurmrestd_faults_at_every_call_are_retried_and_the_job
 
 
 async def test_a_hung_slurm_call_leaves_the_workflow_task_once_the_quick_try_budget_is_spent(
-        temporal_env, local_stack, slurm_cluster, settings):
+    temporal_env, local_stack, slurm_cluster, settings
+):
     """slurmrestd takes the incident's GET /jobs and never answers. Tried first within the
     incident's workflow task, which holds one of the worker's few workflow-task slots while it
     waits, the call moves to an activity timed by the server once SLURM_QUICK_TRY_BUDGET is spent
@@ -181,8 +191,12 @@ async def _started_and_first_scheduled(handle, activity_type: str, within: float
     deadline = time.monotonic() + within
     while True:
         history = [event async for event in handle.fetch_history_events()]
-        scheduled = [e.event_time.ToDatetime() for e in history if e.HasField("activity_task_scheduled_event_attributes")
-                     and e.activity_task_scheduled_event_attributes.activity_type.name == activity_type]
+        scheduled = [
+            e.event_time.ToDatetime()
+            for e in history
+            if e.HasField("activity_task_scheduled_event_attributes")
+            and e.activity_task_scheduled_event_attributes.activity_type.name == activity_type
+        ]
         if scheduled:
             return history[0].event_time.ToDatetime(), scheduled[0]
         assert time.monotonic() < deadline, f"no {activity_type} activity after {within} s"
@@ -201,14 +215,16 @@ PERSISTENT = [
 
 @pytest.mark.parametrize("operation, fault, phase, cause", PERSISTENT, ids=[p[0] for p in PERSISTENT])
 async def test_a_persistent_fault_on_a_read_before_a_destructive_step_fails_the_incident_closed(
-        time_skipping_env, local_stack, slurm_cluster, settings, operation, fault, phase, cause):
+    time_skipping_env, local_stack, slurm_cluster, settings, operation, fault, phase, cause
+):
     async with worker_behind_proxy(time_skipping_env.client, settings) as (proxy, slurm):
         if slurm.path_for(operation) != "rest":
             pytest.skip(f"{operation} goes through the CLI with slurmrestd {slurm.rest.version}")
         # The drill sets its scene through the CLI, never through the proxy.
         proxy.inject(*rest_path(operation), times=None, **fault)
-        drill = drill_on(time_skipping_env.client, local_stack, slurm_cluster, settings, search_attributes=False,
-                         fleet_budget=False)  # no budget on the time-skipping server (see test_workflow_decisions)
+        drill = drill_on(
+            time_skipping_env.client, local_stack, slurm_cluster, settings, search_attributes=False, fleet_budget=False
+        )  # no budget on the time-skipping server (see test_workflow_decisions)
         run = await drill.start(DrillOptions(xid=FATAL_XID))
         report, job, node = await follow_to_the_end(drill, run)
 
@@ -234,7 +250,8 @@ async def test_a_persistent_fault_on_a_read_before_a_destructive_step_fails_the_
 
 
 async def test_the_cli_unable_to_reach_slurmctld_fails_the_incident_closed(
-        time_skipping_env, local_stack, slurm_cluster, settings):
+    time_skipping_env, local_stack, slurm_cluster, settings
+):
     """The worker's Slurm tools read a slurm.conf naming a port where no slurmctld listens: every
     CLI call fails (scontrol exits non-zero; 22.05's sinfo and squeue --json exit 0 with the failure
     in their `errors`). slurmrestd still answers, so the incident goes as far as the REST calls
@@ -246,16 +263,23 @@ async def test_the_cli_unable_to_reach_slurmctld_fails_the_incident_closed(
         cut_off = settings.model_copy(update={"slurm_conf": str(unreachable)})
         async with worker_behind_proxy(time_skipping_env.client, cut_off) as (proxy, slurm):
             node_reads_by_cli = slurm.path_for("get_node") == "cli"
-            drill = drill_on(time_skipping_env.client, local_stack, slurm_cluster, settings, search_attributes=False,
-                             fleet_budget=False)  # no budget on the time-skipping server (see test_workflow_decisions)
+            drill = drill_on(
+                time_skipping_env.client,
+                local_stack,
+                slurm_cluster,
+                settings,
+                search_attributes=False,
+                fleet_budget=False,
+            )  # no budget on the time-skipping server (see test_workflow_decisions)
             run = await drill.start(DrillOptions(xid=FATAL_XID))
             report, job, node = await follow_to_the_end(drill, run)
     finally:
         unreachable.unlink()
     failed_in = report.phases[-1].name
     assert report.outcome.startswith(f"failed in {failed_in}: SlurmUnavailable: "), report.outcome
-    assert re.search("Unable to contact slurm controller|could not read slurmctld|Unexpected message received",
-                     report.outcome), report.outcome
+    assert re.search(
+        "Unable to contact slurm controller|could not read slurmctld|Unexpected message received", report.outcome
+    ), report.outcome
     if node_reads_by_cli:
         assert failed_in == "drain" and report.actions == [] and not node.drained
     else:

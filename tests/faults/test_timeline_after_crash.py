@@ -52,9 +52,13 @@ async def kill_the_worker_until_the_job_is_back(case: Case, step: str, point: st
     async def training_again() -> bool:
         job = await case.drill.slurm.get_job(run.job_id)
         progress = ckpt.read_progress(run.run_dir)
-        return (job.state == "RUNNING" and run.node not in job.nodes and progress is not None
-                and progress.get("restart_count") == 1 and any(r["restart_count"] == 1
-                                                               for r in ckpt.read_resume_records(run.run_dir)))
+        return (
+            job.state == "RUNNING"
+            and run.node not in job.nodes
+            and progress is not None
+            and progress.get("restart_count") == 1
+            and any(r["restart_count"] == 1 for r in ckpt.read_resume_records(run.run_dir))
+        )
 
     await wait_async(training_again, 120, f"job {run.job_id} training again with no worker alive")
     new_worker_at = datetime.now(timezone.utc)
@@ -77,8 +81,10 @@ async def test_a_worker_dead_after_the_requeue_leaves_the_requeue_its_own_time(c
     mark_down = steps["mark_down"]
     assert mark_down.started_at >= new_worker_at, (mark_down, new_worker_at)
     marked_down = slurmctld_time(case, f"node {run.node} state set to DOWN")
-    assert mark_down.ended_at is not None and abs(mark_down.ended_at - marked_down) <= SAME_MOMENT, \
-        (mark_down, marked_down)
+    assert mark_down.ended_at is not None and abs(mark_down.ended_at - marked_down) <= SAME_MOMENT, (
+        mark_down,
+        marked_down,
+    )
 
 
 @pytest.mark.parametrize("local_stack", GENERATIONS, indirect=True)
@@ -89,8 +95,11 @@ async def test_a_worker_dead_during_the_verification_ends_it_when_the_job_was_ba
     await check_recovered_once(case, run, result, "worker killed during the verification")
     steps = phases(result.report)
 
-    resumed = next(datetime.fromisoformat(r["started_at"]) for r in ckpt.read_resume_records(run.run_dir)
-                   if r["restart_count"] == 1)
+    resumed = next(
+        datetime.fromisoformat(r["started_at"])
+        for r in ckpt.read_resume_records(run.run_dir)
+        if r["restart_count"] == 1
+    )
     verify = steps["verify"]
     assert verify.ended_at == resumed, (verify, resumed)  # the job's own record of its restart
     assert verify.ended_at < new_worker_at

@@ -22,9 +22,13 @@ pytestmark = pytest.mark.slurm
 
 async def activity_pollers(client: Client, task_queue: str) -> set[str]:
     """The identities of the workers polling the task queue for activities."""
-    described = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
-        namespace=client.namespace, task_queue=TaskQueue(name=task_queue),
-        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY))
+    described = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=client.namespace,
+            task_queue=TaskQueue(name=task_queue),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+        )
+    )
     return {p.identity for p in described.pollers}
 
 
@@ -32,7 +36,10 @@ async def worker_running_activity(handle: WorkflowHandle, activity_type: str) ->
     """The identity of the worker running an attempt of the activity now, or (the attempt already
     over) of the one that started it, as the history records it."""
     for pending in (await handle.describe()).raw_description.pending_activities:
-        if pending.activity_type.name == activity_type and pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED:
+        if (
+            pending.activity_type.name == activity_type
+            and pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+        ):
             return pending.last_worker_identity
     return (await activity_starts(handle, activity_type))[-1].identity
 
@@ -82,10 +89,11 @@ async def test_two_workers_one_killed_mid_incident_the_other_finishes(temporal_e
                 after_kill.append((event.event_id, "workflow task", last_task))
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED and event.event_id > events_at_kill:
             after_kill.append((event.event_id, "activity", event.activity_task_started_event_attributes.identity))
-    why = (f"victim {victim}, survivor {survivor}, incident {state_at_kill} and {events_at_kill} events at the "
-           f"kill; after it: {after_kill}")
+    why = (
+        f"victim {victim}, survivor {survivor}, incident {state_at_kill} and {events_at_kill} events at the "
+        f"kill; after it: {after_kill}"
+    )
     assert state_at_kill.startswith("RUNNING"), why
     assert any(i.startswith(f"{survivor}@") for _, _, i in after_kill), why
     assert last_task.startswith(f"{survivor}@"), why
     assert any(i.startswith(f"{victim}@") for i in await worker_identities(job_recovery))
-

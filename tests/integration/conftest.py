@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from datetime import timedelta
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from datetime import timedelta
 
 import pytest_asyncio
 from temporalio.client import WorkflowHandle
@@ -63,8 +63,9 @@ class Fleet:
 
     @property
     def budget(self) -> WorkflowHandle:
-        return self.drill.client.get_workflow_handle_for(FleetBudgetWorkflow.run,
-                                                         fleet_budget_workflow_id(self.settings.task_queue))
+        return self.drill.client.get_workflow_handle_for(
+            FleetBudgetWorkflow.run, fleet_budget_workflow_id(self.settings.task_queue)
+        )
 
 
 @asynccontextmanager
@@ -78,8 +79,14 @@ async def fleet(temporal_env, local_stack, slurm_cluster, **overrides) -> AsyncI
     async with AsyncExitStack() as stack:
         slurm = await build_slurm(settings, stack)
         async with build_worker(temporal_env.client, task_queue, activities_for(settings, slurm, temporal_env.client)):
-            drill = Drill(temporal_env.client, dataclasses.replace(local_stack, task_queue=task_queue), slurm_cluster,
-                          settings.policy(), XidPolicyTable(settings.xid_policy_file), say=print)
+            drill = Drill(
+                temporal_env.client,
+                dataclasses.replace(local_stack, task_queue=task_queue),
+                slurm_cluster,
+                settings.policy(),
+                XidPolicyTable(settings.xid_policy_file),
+                say=print,
+            )
             yield Fleet(settings, drill)
     assert await assert_every_run_replays(temporal_env.client, task_queue) > 0
 
@@ -89,8 +96,13 @@ def cluster_of_its_own(local_stack, name: str, nodes: int, port_offset: int) -> 
     """A cluster with `nodes` compute nodes and no spare, beside the session's (`port_offset` above
     its ports). It starts from a clean state: slurmctld restores saved node states, so the drains of
     an earlier run would otherwise greet this one as "drained by someone else"."""
-    stack = dataclasses.replace(local_stack, state_dir=local_stack.state_dir / name, slurm_nodes=nodes,
-                                slurm_spares=0, slurm_port_base=local_stack.slurm_port_base + port_offset)
+    stack = dataclasses.replace(
+        local_stack,
+        state_dir=local_stack.state_dir / name,
+        slurm_nodes=nodes,
+        slurm_spares=0,
+        slurm_port_base=local_stack.slurm_port_base + port_offset,
+    )
     stack.stop_slurm()
     cluster = stack.start_slurm(clean=True)
     try:
@@ -121,5 +133,11 @@ async def recovery_worker(temporal_env, settings):
 @pytest_asyncio.fixture
 async def drill(temporal_env, local_stack, slurm_cluster, settings) -> Drill:
     stack = dataclasses.replace(local_stack, task_queue=settings.task_queue)
-    return Drill(temporal_env.client, stack, slurm_cluster, settings.policy(),
-                 XidPolicyTable(settings.xid_policy_file), say=print)
+    return Drill(
+        temporal_env.client,
+        stack,
+        slurm_cluster,
+        settings.policy(),
+        XidPolicyTable(settings.xid_policy_file),
+        say=print,
+    )

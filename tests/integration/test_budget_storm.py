@@ -13,8 +13,8 @@ from contextlib import AsyncExitStack
 import pytest
 
 from contracts.budget import TimelineKind
-from contracts.settings import Settings
 from contracts.models import NodeFailureAlert
+from contracts.settings import Settings
 from starter.alerts import raise_alert
 from tests.integration.conftest import cluster_of_its_own, stack_settings
 from tests.integration.test_fleet_budget import concurrent_holders
@@ -47,14 +47,23 @@ async def storm(temporal_env, stack, cluster, settings: Settings) -> tuple[list,
     async with AsyncExitStack() as resources:
         slurm = await build_slurm(settings, resources)
         async with build_worker(temporal_env.client, task_queue, activities_for(settings, slurm, temporal_env.client)):
-            handles = await asyncio.gather(*(
-                raise_alert(temporal_env.client, NodeFailureAlert(node=node, xid=79, source="test", actor="pytest",
-                                                                  reason="storm: the whole row lost power"),
-                            task_queue, settings.policy())
-                for node in NODES_LIST))
+            handles = await asyncio.gather(
+                *(
+                    raise_alert(
+                        temporal_env.client,
+                        NodeFailureAlert(
+                            node=node, xid=79, source="test", actor="pytest", reason="storm: the whole row lost power"
+                        ),
+                        task_queue,
+                        settings.policy(),
+                    )
+                    for node in NODES_LIST
+                )
+            )
             reports = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 900)
-            budget = temporal_env.client.get_workflow_handle_for(FleetBudgetWorkflow.run,
-                                                                 fleet_budget_workflow_id(task_queue))
+            budget = temporal_env.client.get_workflow_handle_for(
+                FleetBudgetWorkflow.run, fleet_budget_workflow_id(task_queue)
+            )
             timeline = await budget.query(FleetBudgetWorkflow.timeline)
             await budget.cancel()
     return reports, timeline
@@ -62,8 +71,9 @@ async def storm(temporal_env, stack, cluster, settings: Settings) -> tuple[list,
 
 async def test_storm_of_100_real_failures_never_more_than_5_in_remediation(temporal_env, storm_cluster):
     stack, cluster = storm_cluster
-    settings = stack_settings(stack, cluster, f"storm-{uuid.uuid4()}", budget_max_nodes=K, repair_wait_seconds=1,
-                              **NO_BREAKER)
+    settings = stack_settings(
+        stack, cluster, f"storm-{uuid.uuid4()}", budget_max_nodes=K, repair_wait_seconds=1, **NO_BREAKER
+    )
     nodes = NODES_LIST
     reports, timeline = await storm(temporal_env, stack, cluster, settings)
 
@@ -71,8 +81,11 @@ async def test_storm_of_100_real_failures_never_more_than_5_in_remediation(tempo
     # spare in this cluster, each ends saying so.
     assert sorted(r.node for r in reports) == sorted(nodes)
     assert all(r.outcome.startswith("no_replacement") for r in reports), {r.outcome for r in reports}
-    not_down = {r.node: [p.result for p in r.phases] for r in reports
-                if not any(a.action == "down_node" and a.executed for a in r.actions)}
+    not_down = {
+        r.node: [p.result for p in r.phases]
+        for r in reports
+        if not any(a.action == "down_node" and a.executed for a in r.actions)
+    }
     assert not not_down, "\n".join(f"{n}: {p[1]}" for n, p in not_down.items())
     incidents = {r.incident_id for r in reports}
     mine = [e for e in timeline if e.incident_id in incidents]
@@ -92,8 +105,15 @@ async def test_storm_of_100_with_a_breaker_of_10_drains_exactly_10(temporal_env,
     """The breaker comes before the first drain: 10 nodes are drained and recovered as ever; the
     other 90 incidents are held, never drain their node, and end so when the hold runs out."""
     stack, cluster = storm_cluster
-    settings = stack_settings(stack, cluster, f"storm-breaker-{uuid.uuid4()}", budget_max_nodes=K,
-                              repair_wait_seconds=3600, breaker_max_fences=10, fence_hold_seconds=30)
+    settings = stack_settings(
+        stack,
+        cluster,
+        f"storm-breaker-{uuid.uuid4()}",
+        budget_max_nodes=K,
+        repair_wait_seconds=3600,
+        breaker_max_fences=10,
+        fence_hold_seconds=30,
+    )
     reports, timeline = await storm(temporal_env, stack, cluster, settings)
 
     drained = {r.node for r in reports if any(a.action == "drain_node" and a.executed for a in r.actions)}

@@ -13,24 +13,44 @@ import pytest
 
 RECOVERY = str(Path(sys.executable).parent / "recovery")
 REPORT_FIELDS = {
-    "incident_id", "node", "xid", "action", "outcome", "phases", "replacement_seconds",
-    "time_to_resume_seconds", "lost_steps", "lost_seconds", "resumed_step", "latest_complete_step",
-    "skipped_checkpoints", "jobs",
+    "incident_id",
+    "node",
+    "xid",
+    "action",
+    "outcome",
+    "phases",
+    "replacement_seconds",
+    "time_to_resume_seconds",
+    "lost_steps",
+    "lost_seconds",
+    "resumed_step",
+    "latest_complete_step",
+    "skipped_checkpoints",
+    "jobs",
 }
 JOB_FIELDS = {"job_id", "restart_count", "nodes_before", "nodes_after"}
 
 
 def recovery(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([RECOVERY, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [RECOVERY, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+    )
 
 
-@pytest.mark.parametrize("args, problem", [
-    (["--node", "gpu-[1-2]", "--xid", "79"], "invalid node name"),
-    (["--node", "gpu-1;reboot", "--xid", "79"], "invalid node name"),
-    (["--node", "gpu-1", "--xid", "0"], "xid"),
-    (["--node", "gpu-1", "--xid", "79", "--actor", ""], "actor"),
-])
+@pytest.mark.parametrize(
+    "args, problem",
+    [
+        (["--node", "gpu-[1-2]", "--xid", "79"], "invalid node name"),
+        (["--node", "gpu-1;reboot", "--xid", "79"], "invalid node name"),
+        (["--node", "gpu-1", "--xid", "0"], "xid"),
+        (["--node", "gpu-1", "--xid", "79", "--actor", ""], "actor"),
+    ],
+)
 def test_inject_refuses_bad_input_before_touching_anything(args, problem):
     # No Temporal server listens on this address: a refusal must come before any connection.
     result = recovery("inject", *args, env={"TEMPORAL_ADDRESS": "127.0.0.1:9"})
@@ -52,7 +72,8 @@ def test_drill_json_on_a_fresh_local_stack_then_status_and_stack_down(tmp_path):
         "RECOVERY_STATE_DIR": str(tmp_path / "stack"),
         "RECOVERY_TASK_QUEUE": f"cli-test-{uuid.uuid4()}",
         # ports of its own: a drill's stack (7233, 8233, 16800) may be up on this machine
-        "RECOVERY_LOCAL_TEMPORAL_PORT": "7633", "RECOVERY_LOCAL_UI_PORT": "8633",
+        "RECOVERY_LOCAL_TEMPORAL_PORT": "7633",
+        "RECOVERY_LOCAL_UI_PORT": "8633",
         "RECOVERY_LOCAL_SLURM_PORT_BASE": "23800",
     }
     temporal_before = json.loads(recovery("stack", "status", env=env).stdout)["temporal"]

@@ -36,14 +36,35 @@ async def test_xid79_drill_recovers_the_job_from_its_latest_complete_checkpoint(
     # Replacement time and time to resume are measured apart; Slurm's requeue delay dominates the latter.
     assert r.spare_node == "gpu-5" and 0 < r.replacement_seconds < r.time_to_resume_seconds
     names = [p.name for p in r.phases]
-    assert names == ["classify", "breaker", "drain", "find_jobs", "budget", "signal", "grace", "requeue", "mark_down",
-                     "request_replacement", "wait_for_spare", "verify", "return_to_service"]
+    assert names == [
+        "classify",
+        "breaker",
+        "drain",
+        "find_jobs",
+        "budget",
+        "signal",
+        "grace",
+        "requeue",
+        "mark_down",
+        "request_replacement",
+        "wait_for_spare",
+        "verify",
+        "return_to_service",
+    ]
     assert r.return_to_service == f"return-to-service-{r.incident_id}"
     assert next(p for p in r.phases if p.name == "grace").result.startswith("skipped")
     # Every side effect is recorded with who asked and why, and which path it took.
     actions = {a.action: a for a in r.actions}
-    assert {"drain_node", "signal_job", "requeue_hold", "exclude_nodes", "release_job", "down_node",
-            "claim_spare", "resume_spare"} <= set(actions)
+    assert {
+        "drain_node",
+        "signal_job",
+        "requeue_hold",
+        "exclude_nodes",
+        "release_job",
+        "down_node",
+        "claim_spare",
+        "resume_spare",
+    } <= set(actions)
     node_path = NODE_UPDATE_PATH[local_stack.slurm_generation]
     assert [actions[a].path for a in ("drain_node", "down_node", "claim_spare", "resume_spare")] == [node_path] * 4
     assert actions["signal_job"].path == "rest"
@@ -68,8 +89,11 @@ async def test_the_node_is_fenced_and_its_lease_asked_within_the_incidents_first
     fence = ("fence_scope", "drain_node", "find_jobs", "request_lease", "signal_job")
     assert len({task_of[name] for name in fence}) == 1, tasks
     assert tasks[task_of["request_lease"]].count("request_lease") == 2  # the breaker's, then the lease's
-    scheduled = {e.activity_task_scheduled_event_attributes.activity_type.name for e in history
-                 if e.HasField("activity_task_scheduled_event_attributes")}
+    scheduled = {
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history
+        if e.HasField("activity_task_scheduled_event_attributes")
+    }
     assert not scheduled & {*fence, "partition_shares"}, scheduled
 
 
@@ -109,9 +133,7 @@ async def test_unknown_xid_drains_keeps_the_job_and_escalates(drill, recovery_wo
     assert job.restart_count == 0
 
 
-async def test_degrading_xid_waits_for_the_emergency_checkpoint_and_loses_nothing(
-    drill, recovery_worker, settings
-):
+async def test_degrading_xid_waits_for_the_emergency_checkpoint_and_loses_nothing(drill, recovery_worker, settings):
     # A long grace period that must end early: the job checkpoints on SIGUSR1 within a step.
     drill.policy = settings.model_copy(update={"degrading_grace_seconds": 120.0}).policy()
     result = await drill.run(DrillOptions(xid=94))
@@ -171,8 +193,16 @@ async def test_dry_run_describes_every_action_and_changes_nothing(drill, recover
     assert result.passed, [c for c in result.checks if not c.passed]
     assert r.dry_run and r.outcome.startswith("dry_run")
     intended = {a.action: a for a in r.intended_actions}
-    assert {"drain_node", "signal_job", "requeue_hold", "exclude_nodes", "release_job", "down_node",
-            "claim_spare", "resume_spare"} <= set(intended)
+    assert {
+        "drain_node",
+        "signal_job",
+        "requeue_hold",
+        "exclude_nodes",
+        "release_job",
+        "down_node",
+        "claim_spare",
+        "resume_spare",
+    } <= set(intended)
     assert not any(a.executed for a in r.intended_actions)
     assert intended["requeue_hold"].command == f"scontrol requeuehold {result.job_id}"
     drain = intended["drain_node"].command
@@ -180,4 +210,6 @@ async def test_dry_run_describes_every_action_and_changes_nothing(drill, recover
         assert drain.startswith(f"scontrol update NodeName={r.node} State=DRAIN 'Reason=recovery: XID 79")
     else:
         assert drain.startswith("POST /slurm/v0.0.4") and f"/node/{r.node} " in drain and '"DRAIN"' in drain
-    assert [p.result.split(":")[0] for p in r.phases if p.name in ("grace", "wait_for_spare", "verify")] == ["skipped"] * 3
+    assert [p.result.split(":")[0] for p in r.phases if p.name in ("grace", "wait_for_spare", "verify")] == [
+        "skipped"
+    ] * 3

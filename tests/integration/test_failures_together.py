@@ -41,7 +41,8 @@ async def assert_down(f: Fleet, report: IncidentReport) -> None:
 
 @pytest.mark.parametrize("job_nodes", [2, 3])
 async def test_two_nodes_of_one_job_fail_together_and_the_job_is_requeued_and_verified_once(
-        temporal_env, local_stack, slurm_cluster, job_nodes):
+    temporal_env, local_stack, slurm_cluster, job_nodes
+):
     """Both nodes of a 2-node job, or two of a 3-node job (the middle one and the last: its
     third node stays in the job); the cluster has room for the restart either way."""
     async with fleet(temporal_env, local_stack, slurm_cluster) as f:
@@ -60,13 +61,15 @@ async def test_two_nodes_of_one_job_fail_together_and_the_job_is_requeued_and_ve
             assert peers(report) == [(other.node, other.incident_id)]
             await assert_down(f, report)
         # One spare on standby: one incident brought it in, the other found none, and the job runs on either way.
-        assert sorted(r.outcome.split(":")[0] for r in reports) == ["no_replacement", "recovered"], \
-            [r.outcome for r in reports]
+        assert sorted(r.outcome.split(":")[0] for r in reports) == ["no_replacement", "recovered"], [
+            r.outcome for r in reports
+        ]
         await f.drill.slurm.run("scancel", str(job.job_id))
 
 
 async def test_a_node_that_fails_while_the_first_incident_verifies_gets_the_job_requeued_off_both(
-        temporal_env, local_stack, slurm_cluster):
+    temporal_env, local_stack, slurm_cluster
+):
     """The job is requeued off its first failed node and restarts on its other node and the spare,
     where it stalls: that node's GPU was failing too, its alert is late. The first incident's
     verification waits for training progress; the late alert's incident joins, the job is requeued
@@ -75,8 +78,11 @@ async def test_a_node_that_fails_while_the_first_incident_verifies_gets_the_job_
         job, run_dir = await f.drill.start_training(DrillOptions())
         late, first = job.nodes
         # Only the job's other node and the spare are free to run it after the first requeue.
-        others = [n.name for n in await f.drill.slurm.list_nodes()
-                  if n.name not in job.nodes and n.name not in f.drill.spare_nodes]
+        others = [
+            n.name
+            for n in await f.drill.slurm.list_nodes()
+            if n.name not in job.nodes and n.name not in f.drill.spare_nodes
+        ]
         for node in others:
             await f.drill.slurm.update_node(node, "DRAIN", "maintenance: the test keeps the job off it")
         f.drill.inject_fault(late, 79, gpu_lost=True)  # failing already, not yet reported
@@ -87,10 +93,18 @@ async def test_a_node_that_fails_while_the_first_incident_verifies_gets_the_job_
             restarted = await f.drill.slurm.get_job(job.job_id)
             # The restarted trainer logged its resume: its signal handlers are in (a SIGUSR1 before
             # them, the late incident's call to checkpoint, would kill it: the job would end FAILED).
-            resumed = [r for r in await CheckpointStore().resume_records(str(run_dir))
-                       if r.restart_count == job.restart_count + 1]
-            return (status is not None and status.phase == "verify" and restarted.state == "RUNNING"
-                    and late in restarted.nodes and resumed)
+            resumed = [
+                r
+                for r in await CheckpointStore().resume_records(str(run_dir))
+                if r.restart_count == job.restart_count + 1
+            ]
+            return (
+                status is not None
+                and status.phase == "verify"
+                and restarted.state == "RUNNING"
+                and late in restarted.nodes
+                and resumed
+            )
 
         await wait_async(verifying_a_stalled_restart, 180, f"the first incident to verify the job restarted on {late}")
         late_incident = await fail(f, late)
@@ -106,6 +120,7 @@ async def test_a_node_that_fails_while_the_first_incident_verifies_gets_the_job_
             assert job_report.verified and job_report.restart_count == after.restart_count, job_report
             assert peers(report) == [(other.node, other.incident_id)]
             await assert_down(f, report)
-        assert reports[0].outcome == "recovered" and reports[1].outcome.startswith("no_replacement"), \
-            [r.outcome for r in reports]
+        assert reports[0].outcome == "recovered" and reports[1].outcome.startswith("no_replacement"), [
+            r.outcome for r in reports
+        ]
         await f.drill.slurm.run("scancel", str(job.job_id))

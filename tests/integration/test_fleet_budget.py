@@ -34,6 +34,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 import uvicorn
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from pydantic import BaseModel, Field
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -51,25 +53,25 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowHandle,
 )
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from activities.audit import write_audit, write_audit_lines
 from activities.budget import (
-    BUDGET_PRIORITY, LEASE_UPDATE_WITHIN, BudgetActivities, ensure_fleet_budget, fleet_budget_status,
-    give_budget_priority, release_quarantine)
+    BUDGET_PRIORITY,
+    LEASE_UPDATE_WITHIN,
+    BudgetActivities,
+    ensure_fleet_budget,
+    fleet_budget_status,
+    give_budget_priority,
+    release_quarantine,
+)
 from activities.notify import NotifyActivities
 from activities.operators import OperatorActivities, OperatorKeys
 from activities.telemetry import TelemetryActivities
-from observability.metrics import RecoveryMetrics
-from starter.faults import local_activity_marker
-from starter.localstack import LocalStack, wait_async
-from tests.integration.test_telemetry import points
 from contracts.audit import configure_sink, remove_sink
 from contracts.budget import (
     BudgetPolicy,
@@ -88,6 +90,10 @@ from contracts.budget import (
     TimelineKind,
     WebhookTarget,
 )
+from observability.metrics import RecoveryMetrics
+from starter.faults import local_activity_marker
+from starter.localstack import LocalStack, wait_async
+from tests.integration.test_telemetry import points
 from workflows.budget_lease import LEASE_STATE_SIGNAL, BudgetLease, check_quarantine
 from workflows.budget_ledger import FINISHED_KEPT, BudgetLedger
 from workflows.fleet_budget import FleetBudgetWorkflow
@@ -147,8 +153,9 @@ class StandInIncident:
             with suppress(TimeoutError):
                 await workflow.wait_condition(lambda: self._finish, timeout=plan.hold_seconds)
             quarantine = await check_quarantine(plan.node) if plan.check_quarantine else None
-            return StandInResult(answer=answer, held=held, end=self._lease.state, heard=self._heard,
-                                 quarantine=quarantine)
+            return StandInResult(
+                answer=answer, held=held, end=self._lease.state, heard=self._heard, quarantine=quarantine
+            )
         finally:
             await self._lease.release("stand-in incident ended")
 
@@ -197,10 +204,14 @@ class Fleet:
 
     def worker(self, **options) -> Worker:
         """The worker with the budget's workflows and activities, and the stand-ins'."""
-        return Worker(self.client, task_queue=self.task_queue, activities=self.activities,
-                      max_concurrent_activities=50, workflows=[FleetBudgetWorkflow, NotificationWorkflow,
-                                                               StandInIncident, NotifyingCaller, ClockAnchor],
-                      **options)
+        return Worker(
+            self.client,
+            task_queue=self.task_queue,
+            activities=self.activities,
+            max_concurrent_activities=50,
+            workflows=[FleetBudgetWorkflow, NotificationWorkflow, StandInIncident, NotifyingCaller, ClockAnchor],
+            **options,
+        )
 
     def plan(self, n: int, node: str | None = None, **fields) -> StandInPlan:
         node = node or f"gpu-{n}"
@@ -208,8 +219,12 @@ class Fleet:
 
     async def start(self, plan: StandInPlan) -> WorkflowHandle:
         return await self.client.start_workflow(
-            StandInIncident.run, plan, id=f"incident-{plan.incident_id}", task_queue=self.task_queue,
-            result_type=StandInResult)
+            StandInIncident.run,
+            plan,
+            id=f"incident-{plan.incident_id}",
+            task_queue=self.task_queue,
+            result_type=StandInResult,
+        )
 
     async def incident(self, plan: StandInPlan) -> StandInResult:
         """One incident, start to end (on the dev server: see the module's docstring)."""
@@ -250,8 +265,12 @@ class Fleet:
         raise AssertionError(f"no {count} {kind or ''} event(s) in the budget's timeline")
 
 
-def new_fleet(env, policy: BudgetPolicy, webhook: WebhookTarget | None = None,
-              request_lease: Callable[[BudgetActivities], Callable] | None = None) -> Fleet:
+def new_fleet(
+    env,
+    policy: BudgetPolicy,
+    webhook: WebhookTarget | None = None,
+    request_lease: Callable[[BudgetActivities], Callable] | None = None,
+) -> Fleet:
     """A task queue of its own, and a budget of its own (the id is the test's, not the
     namespace-wide `fleet-budget`). `request_lease` replaces that activity with one built around
     the real one."""
@@ -261,9 +280,15 @@ def new_fleet(env, policy: BudgetPolicy, webhook: WebhookTarget | None = None,
     notifier = NotifyActivities(webhook)
     reader = InMemoryMetricReader()
     metrics = RecoveryMetrics(MeterProvider(metric_readers=[reader]).get_meter("test"))
-    activities = [request_lease(budget) if request_lease else budget.request_lease, budget.check_quarantine,
-                  budget.find_closed_holders, notifier.deliver_notification, write_audit, write_audit_lines,
-                  TelemetryActivities(metrics).record_budget_in_use]
+    activities = [
+        request_lease(budget) if request_lease else budget.request_lease,
+        budget.check_quarantine,
+        budget.find_closed_holders,
+        notifier.deliver_notification,
+        write_audit,
+        write_audit_lines,
+        TelemetryActivities(metrics).record_budget_in_use,
+    ]
     operators = LocalStack(state_dir=Path(tempfile.mkdtemp(prefix="budget-operators-")))
     operators.ensure_operator_key("bob")
     activities.append(OperatorActivities(OperatorKeys(operators.operator_keys_file)).verify_decision)
@@ -271,13 +296,18 @@ def new_fleet(env, policy: BudgetPolicy, webhook: WebhookTarget | None = None,
 
 
 @asynccontextmanager
-async def fleet(env, policy: BudgetPolicy, webhook: WebhookTarget | None = None,
-                request_lease: Callable[[BudgetActivities], Callable] | None = None):
+async def fleet(
+    env,
+    policy: BudgetPolicy,
+    webhook: WebhookTarget | None = None,
+    request_lease: Callable[[BudgetActivities], Callable] | None = None,
+):
     """new_fleet() with its worker polling, and a ClockAnchor."""
     under_test = new_fleet(env, policy, webhook, request_lease)
     async with under_test.worker():
-        anchor = await env.client.start_workflow(ClockAnchor.run, id=f"clock-{under_test.budget_id}",
-                                                 task_queue=under_test.task_queue)
+        anchor = await env.client.start_workflow(
+            ClockAnchor.run, id=f"clock-{under_test.budget_id}", task_queue=under_test.task_queue
+        )
         try:
             yield under_test
         finally:  # after a failed test too: the budget and the anchor end with their worker
@@ -302,8 +332,11 @@ async def results_of(handles: list[WorkflowHandle]) -> list:
 
 
 async def failed_workflow_tasks(budget: WorkflowHandle) -> list:
-    return [event async for event in budget.fetch_history_events()
-            if event.HasField("workflow_task_failed_event_attributes")]
+    return [
+        event
+        async for event in budget.fetch_history_events()
+        if event.HasField("workflow_task_failed_event_attributes")
+    ]
 
 
 def audit_lines(path: Path) -> list[dict]:
@@ -343,7 +376,9 @@ async def test_storm_of_100_failures_never_more_than_5_in_remediation(temporal_e
     assert per_kind[TimelineKind.GRANTED] == per_kind[TimelineKind.RELEASED] == 100
     assert per_kind[TimelineKind.QUEUED] >= 90  # a storm: nearly all had to wait
     assert not per_kind[TimelineKind.EXPIRED] and not per_kind[TimelineKind.RECLAIMED]
-    assert sorted(e.incident_id for e in timeline if e.kind == TimelineKind.GRANTED) == sorted(p.incident_id for p in plans)
+    assert sorted(e.incident_id for e in timeline if e.kind == TimelineKind.GRANTED) == sorted(
+        p.incident_id for p in plans
+    )
     # Every request was answered, in the update's reply or by one signal, and each incident that
     # had to wait heard of its grant later, once.
     for r in results:
@@ -377,9 +412,11 @@ async def test_a_lease_granted_at_once_is_the_requests_reply_and_no_signal_is_se
 
 def dev_server_of_its_own(*dynamic_config: str) -> Awaitable[WorkflowEnvironment]:
     return WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(Path(sys.executable).parent / "temporal"), dev_server_log_level="error",
+        dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
+        dev_server_log_level="error",
         dev_server_extra_args=[arg for value in dynamic_config for arg in ("--dynamic-config-value", value)],
-        data_converter=pydantic_data_converter)
+        data_converter=pydantic_data_converter,
+    )
 
 
 @pytest_asyncio.fixture
@@ -394,8 +431,9 @@ async def temporal_env_refusing_updates():
 async def temporal_env_one_partition():
     """A dev server of its own whose task queues have one partition (the default is four, and a
     task's priority orders it within its partition): there the order is exact."""
-    async with await dev_server_of_its_own("matching.numTaskqueueReadPartitions=1",
-                                           "matching.numTaskqueueWritePartitions=1") as env:
+    async with await dev_server_of_its_own(
+        "matching.numTaskqueueReadPartitions=1", "matching.numTaskqueueWritePartitions=1"
+    ) as env:
         yield env
 
 
@@ -469,8 +507,14 @@ async def test_a_request_that_loses_the_race_to_start_the_budget_reaches_it_by_s
     f = new_fleet(temporal_env, BudgetPolicy())
     client = Client(**{**temporal_env.client.config(), "interceptors": [LosingTheRaceToStartTheBudget()]})
     budget = BudgetActivities(client, BudgetPolicy(), f.task_queue, workflow_id=f.budget_id)
-    req = LeaseRequest(incident_id=f"gpu-1-{f.budget_id}", node="gpu-1", workflow_id="incident-gpu-1",
-                       run_id=str(uuid.uuid4()), partitions=[], running_jobs=0)
+    req = LeaseRequest(
+        incident_id=f"gpu-1-{f.budget_id}",
+        node="gpu-1",
+        workflow_id="incident-gpu-1",
+        run_id=str(uuid.uuid4()),
+        partitions=[],
+        running_jobs=0,
+    )
     async with f.worker():
         try:
             answer = await asyncio.wait_for(ActivityEnvironment().run(budget.request_lease, req), 30)
@@ -481,8 +525,7 @@ async def test_a_request_that_loses_the_race_to_start_the_budget_reaches_it_by_s
     assert [e.incident_id for e in granted] == [req.incident_id]
 
 
-async def test_a_budget_cancelled_while_it_tells_an_incident_ends_with_its_decisions_written(
-        temporal_env, audit_file):
+async def test_a_budget_cancelled_while_it_tells_an_incident_ends_with_its_decisions_written(temporal_env, audit_file):
     """An operator may cancel the budget (the next request or worker starts a new one). Cancelled
     as it signalled an incident, the budget's workflow tasks failed from then on, in 5 of 6 tries
     ("Invalid transition in state machine": the signal's result and the cancellation came in one
@@ -490,11 +533,21 @@ async def test_a_budget_cancelled_while_it_tells_an_incident_ends_with_its_decis
     f = new_fleet(temporal_env, BudgetPolicy())
     async with f.worker():
         for attempt in range(3):
-            req = LeaseRequest(incident_id=f"gpu-1-{f.budget_id}-{attempt}", node="gpu-1",
-                               workflow_id=f"incident-gone-{uuid.uuid4()}", run_id=str(uuid.uuid4()), running_jobs=0)
+            req = LeaseRequest(
+                incident_id=f"gpu-1-{f.budget_id}-{attempt}",
+                node="gpu-1",
+                workflow_id=f"incident-gone-{uuid.uuid4()}",
+                run_id=str(uuid.uuid4()),
+                running_jobs=0,
+            )
             budget = await f.client.start_workflow(
-                FleetBudgetWorkflow.run, FleetBudgetInput(policy=BudgetPolicy()), id=f.budget_id,
-                task_queue=f.task_queue, start_signal="request_lease", start_signal_args=[req])
+                FleetBudgetWorkflow.run,
+                FleetBudgetInput(policy=BudgetPolicy()),
+                id=f.budget_id,
+                task_queue=f.task_queue,
+                start_signal="request_lease",
+                start_signal_args=[req],
+            )
             await f.wait_for(TimelineKind.GRANTED)
             await f.end_budget()
             failed_tasks = await failed_workflow_tasks(budget)
@@ -510,15 +563,25 @@ async def test_a_request_naming_a_malformed_run_is_dropped_and_the_budget_answer
     signal's command (BadSignalWorkflowExecutionAttributes). The contract refuses it now, and the
     budget drops the signal."""
     f = new_fleet(temporal_env, BudgetPolicy())
-    good = LeaseRequest(incident_id=f"gpu-2-{f.budget_id}", node="gpu-2", workflow_id=f"incident-gone-{uuid.uuid4()}",
-                        run_id=str(uuid.uuid4()), running_jobs=0)
+    good = LeaseRequest(
+        incident_id=f"gpu-2-{f.budget_id}",
+        node="gpu-2",
+        workflow_id=f"incident-gone-{uuid.uuid4()}",
+        run_id=str(uuid.uuid4()),
+        running_jobs=0,
+    )
     malformed = {**good.model_dump(mode="json"), "incident_id": f"gpu-1-{f.budget_id}", "node": "gpu-1", "run_id": "r1"}
     with pytest.raises(ValueError, match="run_id"):
         LeaseRequest.model_validate(malformed)
     async with f.worker():
         budget = await f.client.start_workflow(
-            FleetBudgetWorkflow.run, FleetBudgetInput(policy=BudgetPolicy()), id=f.budget_id,
-            task_queue=f.task_queue, start_signal="request_lease", start_signal_args=[malformed])
+            FleetBudgetWorkflow.run,
+            FleetBudgetInput(policy=BudgetPolicy()),
+            id=f.budget_id,
+            task_queue=f.task_queue,
+            start_signal="request_lease",
+            start_signal_args=[malformed],
+        )
         try:
             await budget.signal(FleetBudgetWorkflow.request_lease, good)
             granted = await f.wait_for(TimelineKind.GRANTED)
@@ -551,11 +614,18 @@ async def request_lease_of(env, budget_class) -> tuple[LeaseState | None, list[s
     budget took by signal (their nodes), and the seconds the activity took."""
     task_queue, budget_id = f"budget-{uuid.uuid4()}", f"fleet-budget-{uuid.uuid4().hex[:8]}"
     budget = BudgetActivities(env.client, BudgetPolicy(), task_queue, workflow_id=budget_id)
-    req = LeaseRequest(incident_id=f"gpu-1-{budget_id}", node="gpu-1", workflow_id="incident-gpu-1",
-                       run_id=str(uuid.uuid4()), partitions=[], running_jobs=0)
+    req = LeaseRequest(
+        incident_id=f"gpu-1-{budget_id}",
+        node="gpu-1",
+        workflow_id="incident-gpu-1",
+        run_id=str(uuid.uuid4()),
+        partitions=[],
+        running_jobs=0,
+    )
     async with Worker(env.client, task_queue=task_queue, workflows=[budget_class]):
-        stand_in = await env.client.start_workflow(budget_class.run, FleetBudgetInput(policy=BudgetPolicy()),
-                                                   id=budget_id, task_queue=task_queue)
+        stand_in = await env.client.start_workflow(
+            budget_class.run, FleetBudgetInput(policy=BudgetPolicy()), id=budget_id, task_queue=task_queue
+        )
         started = time.monotonic()
         # Bounded, so that a request that is never answered fails the test instead of hanging it.
         answer = await asyncio.wait_for(ActivityEnvironment().run(budget.request_lease, req), LEASE_UPDATE_WITHIN + 30)
@@ -574,7 +644,9 @@ async def requests_received(budget: WorkflowHandle) -> list[str]:
     received = []
     async for event in budget.fetch_history_events():
         if event.HasField("workflow_execution_update_accepted_event_attributes"):
-            received.append(f"update {event.workflow_execution_update_accepted_event_attributes.accepted_request.input.name}")
+            received.append(
+                f"update {event.workflow_execution_update_accepted_event_attributes.accepted_request.input.name}"
+            )
         elif event.HasField("workflow_execution_signaled_event_attributes"):
             received.append(f"signal {event.workflow_execution_signaled_event_attributes.signal_name}")
     return [r for r in received if r.endswith(("ask_lease", "request_lease"))]
@@ -591,8 +663,11 @@ async def test_the_budgets_tasks_go_ahead_of_a_backlog_of_incidents_tasks(tempor
     incidents = [await f.start(f.plan(n, hold_seconds=0.05)) for n in range(20)]  # nobody polls yet
     ensuring = asyncio.create_task(ensure_fleet_budget(f.client, policy, f.task_queue, f.budget_id))
     try:
-        await wait_async(lambda: workflow_tasks_queued(f.client, f.task_queue, 21), 10,
-                         "the incidents' and the budget's first tasks to be queued")
+        await wait_async(
+            lambda: workflow_tasks_queued(f.client, f.task_queue, 21),
+            10,
+            "the incidents' and the budget's first tasks to be queued",
+        )
         async with f.worker(max_concurrent_workflow_tasks=2):
             await asyncio.wait_for(ensuring, 30)
             results = await asyncio.wait_for(results_of(incidents), 60)
@@ -608,9 +683,14 @@ async def test_the_budgets_tasks_go_ahead_of_a_backlog_of_incidents_tasks(tempor
 
 
 async def workflow_tasks_queued(client: Client, task_queue: str, count: int) -> bool:
-    reply = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
-        namespace=client.namespace, task_queue=TaskQueue(name=task_queue),
-        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, report_stats=True))
+    reply = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=client.namespace,
+            task_queue=TaskQueue(name=task_queue),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+            report_stats=True,
+        )
+    )
     return reply.stats.approximate_backlog_count >= count
 
 
@@ -618,8 +698,9 @@ async def test_a_budget_started_before_priorities_gets_its_priority_when_a_worke
     policy = BudgetPolicy()
     async with fleet(temporal_env, policy) as f:
         # As a version before BUDGET_PRIORITY started it: with the default key, kept across continue-as-new.
-        await f.client.start_workflow(FleetBudgetWorkflow.run, FleetBudgetInput(policy=policy), id=f.budget_id,
-                                      task_queue=f.task_queue)
+        await f.client.start_workflow(
+            FleetBudgetWorkflow.run, FleetBudgetInput(policy=policy), id=f.budget_id, task_queue=f.task_queue
+        )
         assert await priority_key_of(f.budget) == 0  # unset: the server's default, 3
         await ensure_fleet_budget(f.client, policy, f.task_queue, f.budget_id)
         assert await priority_key_of(f.budget) == BUDGET_PRIORITY.priority_key
@@ -629,8 +710,9 @@ async def test_a_server_that_will_not_change_the_budgets_priority_leaves_it_with
     """The key only speeds the budget up: a server that refuses to set it (here the time-skipping
     test server, which lacks the call) must not stop a worker from starting."""
     f = new_fleet(time_skipping_env, BudgetPolicy())
-    await f.client.start_workflow(FleetBudgetWorkflow.run, FleetBudgetInput(policy=BudgetPolicy()), id=f.budget_id,
-                                  task_queue=f.task_queue)  # no worker needed: the server ends with the test
+    await f.client.start_workflow(
+        FleetBudgetWorkflow.run, FleetBudgetInput(policy=BudgetPolicy()), id=f.budget_id, task_queue=f.task_queue
+    )  # no worker needed: the server ends with the test
     with caplog.at_level(logging.WARNING, logger="activities.budget"):
         await give_budget_priority(f.client, f.budget_id)
     assert f"the fleet budget {f.budget_id} keeps its task-queue priority" in caplog.text
@@ -686,14 +768,20 @@ async def test_the_budget_gauge_follows_the_nodes_in_use(temporal_env):
         for handle, left in zip(handles, (1, 0)):
             await handle.signal(StandInIncident.finish)
             await handle.result()
-            await wait_async(lambda: gauge_reads(left), 30, f"the gauge to read {left} once a lease is returned")
+            await wait_async(
+                lambda: gauge_reads(left),  # noqa: B023 (awaited here)
+                30,
+                f"the gauge to read {left} once a lease is returned",
+            )
 
 
 async def test_disrupted_jobs_per_window_hold_the_next_incident_until_the_window_passes(time_skipping_env):
     policy = BudgetPolicy(max_nodes=10, max_disrupted_jobs=5, disruption_window_seconds=3600)
     async with fleet(time_skipping_env, policy) as f:
-        handles = [await f.start(f.plan(1, running_jobs=3, hold_seconds=60)),
-                   await f.start(f.plan(2, running_jobs=3, hold_seconds=60, delay_seconds=10))]
+        handles = [
+            await f.start(f.plan(1, running_jobs=3, hold_seconds=60)),
+            await f.start(f.plan(2, running_jobs=3, hold_seconds=60, delay_seconds=10)),
+        ]
         first, second = await results_of(handles)
 
     assert second.answer.waiting and second.answer.reason.startswith("3 running jobs disrupted in the last 3600 s")
@@ -733,7 +821,9 @@ async def test_a_lease_held_too_long_expires_and_its_incident_hears_of_it(time_s
 
     assert stuck_result.end.status == LeaseStatus.EXPIRED
     assert stuck_result.end.reason == "held longer than 3600 s"
-    assert timedelta(hours=1) <= next_result.held.granted_at - stuck_result.held.granted_at < timedelta(hours=1, minutes=1)
+    assert (
+        timedelta(hours=1) <= next_result.held.granted_at - stuck_result.held.granted_at < timedelta(hours=1, minutes=1)
+    )
 
 
 async def test_a_request_repeated_after_a_crash_gets_the_same_lease(time_skipping_env):
@@ -748,6 +838,7 @@ async def test_a_request_repeated_after_a_crash_gets_the_same_lease(time_skippin
             if activity.info().attempt == 1:
                 raise RuntimeError("worker lost after the request was sent")
             return answer
+
         return request_lease
 
     policy = BudgetPolicy(max_nodes=1)
@@ -775,6 +866,7 @@ async def test_a_request_left_unanswered_is_asked_again_after_twice_the_wait_eac
         async def request_lease(req: LeaseRequest) -> LeaseState | None:
             asked.append(activity.info().scheduled_time)
             return await budget.request_lease(req) if len(asked) > 3 else None
+
         return request_lease
 
     async with fleet(time_skipping_env, BudgetPolicy(max_nodes=1), request_lease=lost_three_times) as f:
@@ -787,16 +879,14 @@ async def test_a_request_left_unanswered_is_asked_again_after_twice_the_wait_eac
 # --- lemons -----------------------------------------------------------------------------------
 
 
-async def test_three_incidents_in_the_window_quarantine_a_node_until_an_operator_releases_it(
-        temporal_env, audit_file):
+async def test_three_incidents_in_the_window_quarantine_a_node_until_an_operator_releases_it(temporal_env, audit_file):
     # On the dev server: the time-skipping server sometimes loses an operator's update ("update not found").
     policy = BudgetPolicy(lemon_incidents=3, lemon_window_seconds=7 * 24 * 3600)
     async with fleet(temporal_env, policy) as f:
         bob = f.operators.operator_signer("bob")
         with pytest.raises(ValueError, match=r"node gpu-7 is not quarantined \(no fleet budget is running\)"):
             await release_quarantine(f.client, "gpu-7", bob, "nothing yet", workflow_id=f.budget_id)
-        results = [await f.incident(f.plan(n, node="gpu-7", hold_seconds=0.1, check_quarantine=True))
-                   for n in range(3)]
+        results = [await f.incident(f.plan(n, node="gpu-7", hold_seconds=0.1, check_quarantine=True)) for n in range(3)]
         with pytest.raises(ValueError, match="^node gpu-8 is not quarantined$"):
             await release_quarantine(f.client, "gpu-8", bob, "typo", workflow_id=f.budget_id)
         released = await release_quarantine(f.client, "gpu-7", bob, "GPU board replaced", workflow_id=f.budget_id)
@@ -809,21 +899,30 @@ async def test_three_incidents_in_the_window_quarantine_a_node_until_an_operator
     assert (released.last_release.released_by, released.last_release.release_reason) == ("bob", "GPU board replaced")
     assert not after.answer.quarantined and not after.quarantine.quarantined  # counting starts again
     assert [(e.kind, e.actor, e.actor_kind) for e in timeline if "quarantine" in e.kind] == [
-        (TimelineKind.QUARANTINED, "policy", "policy"), (TimelineKind.QUARANTINE_RELEASED, "bob", "operator")]
+        (TimelineKind.QUARANTINED, "policy", "policy"),
+        (TimelineKind.QUARANTINE_RELEASED, "bob", "operator"),
+    ]
     lines = {line["action"]: line for line in audit_lines(audit_file)}
     assert lines["node_quarantined"]["node"] == "gpu-7"
-    assert (lines["quarantine_released"]["actor"], lines["quarantine_released"]["actor_kind"],
-            lines["quarantine_released"]["reason"]) == ("bob", "operator", "GPU board replaced")
+    assert (
+        lines["quarantine_released"]["actor"],
+        lines["quarantine_released"]["actor_kind"],
+        lines["quarantine_released"]["reason"],
+    ) == ("bob", "operator", "GPU board replaced")
 
 
 async def test_incidents_further_apart_than_the_window_do_not_make_a_lemon(time_skipping_env):
     policy = BudgetPolicy(lemon_incidents=3, lemon_window_seconds=7 * 24 * 3600, holder_check_seconds=24 * 3600)
     async with fleet(time_skipping_env, policy) as f:
         # Four days apart: never three in a week.
-        results = await results_of([
-            await f.start(f.plan(n, node="gpu-7", delay_seconds=n * 4 * 24 * 3600, hold_seconds=3600,
-                                 check_quarantine=True))
-            for n in range(3)])
+        results = await results_of(
+            [
+                await f.start(
+                    f.plan(n, node="gpu-7", delay_seconds=n * 4 * 24 * 3600, hold_seconds=3600, check_quarantine=True)
+                )
+                for n in range(3)
+            ]
+        )
 
     assert not any(r.answer.quarantined or r.quarantine.quarantined for r in results)
     assert len(results[2].quarantine.incidents_in_window) == 2
@@ -852,7 +951,8 @@ async def test_continue_as_new_keeps_holders_waiters_lemons_and_the_timeline(tem
         assert await priority_key_of(f.budget) == BUDGET_PRIORITY.priority_key
         assert [h.incident_id for h in status.holders] == [f.plan(0).incident_id]
         assert sorted(w.incident_id for w in status.waiting) == sorted(
-            [f.plan(1).incident_id] + [f.plan(n, node="gpu-9").incident_id for n in (2, 3)])
+            [f.plan(1).incident_id] + [f.plan(n, node="gpu-9").incident_id for n in (2, 3)]
+        )
         assert [q.node for q in status.quarantined] == ["gpu-9"]
         await holder.signal(StandInIncident.finish)  # the waiters are granted by the new run
         results = await results_of([holder, waiter, *lemons])
@@ -861,7 +961,9 @@ async def test_continue_as_new_keeps_holders_waiters_lemons_and_the_timeline(tem
 
     assert all(r.held.granted for r in results)
     # The run that continued as new replays to the same decisions (no non-determinism).
-    await Replayer(workflows=[FleetBudgetWorkflow], data_converter=pydantic_data_converter).replay_workflow(first_history)
+    await Replayer(workflows=[FleetBudgetWorkflow], data_converter=pydantic_data_converter).replay_workflow(
+        first_history
+    )
     assert [e.seq for e in timeline] == list(range(1, len(timeline) + 1))
     assert max(concurrent_holders(timeline)) == 1
 
@@ -879,8 +981,15 @@ async def webhook_server():
         received.append((dict(request.headers), await request.body()))
         return Response(status_code=200 if healthy.is_set() else 500)
 
-    server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/hook", hook, methods=["POST"])]),
-                                           host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            Starlette(routes=[Route("/hook", hook, methods=["POST"])]),
+            host="127.0.0.1",
+            port=0,
+            log_level="warning",
+            lifespan="off",
+        )
+    )
     serving = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)
@@ -898,11 +1007,19 @@ async def test_notifications_are_retried_until_delivered_without_holding_up_the_
     async with webhook_server() as (url, received, healthy):
         target = WebhookTarget(url=f"{url}?token=query-secret", bearer_token="bearer-secret", hmac_secret="hmac-secret")
         async with fleet(temporal_env, BudgetPolicy(), webhook=target) as f:
-            notification = Notification(kind=NotificationKind.APPROVAL_NEEDED, incident_id=f"gpu-3-{f.budget_id}",
-                                        node="gpu-3", at="2026-12-01T00:00:00Z", summary="over budget, waiting")
-            caller = await f.client.execute_workflow(NotifyingCaller.run, notification, id=f"caller-{uuid.uuid4()}",
-                                                     task_queue=f.task_queue)
-            delivery = f.client.get_workflow_handle_for(NotificationWorkflow.run, notification_workflow_id(notification))
+            notification = Notification(
+                kind=NotificationKind.APPROVAL_NEEDED,
+                incident_id=f"gpu-3-{f.budget_id}",
+                node="gpu-3",
+                at="2026-12-01T00:00:00Z",
+                summary="over budget, waiting",
+            )
+            caller = await f.client.execute_workflow(
+                NotifyingCaller.run, notification, id=f"caller-{uuid.uuid4()}", task_queue=f.task_queue
+            )
+            delivery = f.client.get_workflow_handle_for(
+                NotificationWorkflow.run, notification_workflow_id(notification)
+            )
             assert caller == "done"
             while len(received) < 2:  # the webhook fails, the sender is long done
                 await asyncio.sleep(0.05)
@@ -916,7 +1033,9 @@ async def test_notifications_are_retried_until_delivered_without_holding_up_the_
         assert headers["idempotency-key"] == f"gpu-3-{f.budget_id}/approval_needed"
         assert headers["authorization"] == "Bearer bearer-secret"
         signed = headers["x-recovery-timestamp"].encode() + b"." + body
-        assert headers["x-recovery-signature"] == "sha256=" + hmac.new(b"hmac-secret", signed, hashlib.sha256).hexdigest()
+        assert (
+            headers["x-recovery-signature"] == "sha256=" + hmac.new(b"hmac-secret", signed, hashlib.sha256).hexdigest()
+        )
         assert Notification.model_validate_json(body) == notification
 
 
@@ -927,8 +1046,9 @@ async def test_a_quarantine_is_notified_when_notifications_are_on(time_skipping_
         async with fleet(time_skipping_env, policy, webhook=WebhookTarget(url=url)) as f:
             await results_of([await f.start(f.plan(n, node="gpu-4", hold_seconds=60)) for n in range(2)])
             quarantined = await f.wait_for(TimelineKind.QUARANTINED)
-            delivery = f.client.get_workflow_handle_for(NotificationWorkflow.run,
-                                                        f"notify-{quarantined[0].incident_id}-quarantined")
+            delivery = f.client.get_workflow_handle_for(
+                NotificationWorkflow.run, f"notify-{quarantined[0].incident_id}-quarantined"
+            )
             result = await delivery.result()
 
     assert result.delivered
@@ -945,14 +1065,24 @@ async def test_an_answer_owed_for_a_lease_the_ledger_has_forgotten_is_skipped(te
     first workflow task: the signals are sent before its worker starts."""
     task_queue, budget_id = f"budget-{uuid.uuid4()}", f"fleet-budget-{uuid.uuid4().hex[:8]}"
     policy = BudgetPolicy(max_nodes=FINISHED_KEPT + 1, max_disrupted_jobs=1000)
-    requests = [LeaseRequest(incident_id=f"gpu-{n}-incident", node=f"gpu-{n}", workflow_id=f"gone-{n}",
-                             run_id=str(uuid.uuid4()), partitions=[], running_jobs=0) for n in range(FINISHED_KEPT + 1)]
+    requests = [
+        LeaseRequest(
+            incident_id=f"gpu-{n}-incident",
+            node=f"gpu-{n}",
+            workflow_id=f"gone-{n}",
+            run_id=str(uuid.uuid4()),
+            partitions=[],
+            running_jobs=0,
+        )
+        for n in range(FINISHED_KEPT + 1)
+    ]
     book = BudgetLedger(BudgetState(policy=policy), budget_id, "first-run")
     for req in requests:
         book.request(req, datetime.now(timezone.utc))
     assert len(book.holders()) == FINISHED_KEPT + 1
     budget = await temporal_env.client.start_workflow(
-        FleetBudgetWorkflow.run, FleetBudgetInput(policy=policy, state=book.state), id=budget_id, task_queue=task_queue)
+        FleetBudgetWorkflow.run, FleetBudgetInput(policy=policy, state=book.state), id=budget_id, task_queue=task_queue
+    )
     await budget.signal(FleetBudgetWorkflow.request_lease, requests[0])  # the answer is owed from here
     for req in requests:  # the first ends first, and is the one forgotten
         await budget.signal(FleetBudgetWorkflow.release_lease, LeaseRelease(incident_id=req.incident_id))
@@ -971,9 +1101,19 @@ async def test_a_workflow_tasks_decisions_are_written_together_once_its_answers_
     task_queue, budget_id = f"budget-{uuid.uuid4()}", f"fleet-budget-{uuid.uuid4().hex[:8]}"
     policy = BudgetPolicy(max_nodes=2, max_disrupted_jobs=1000)
     budget = await temporal_env.client.start_workflow(
-        FleetBudgetWorkflow.run, FleetBudgetInput(policy=policy), id=budget_id, task_queue=task_queue)
-    requests = [LeaseRequest(incident_id=f"gpu-{n}-incident", node=f"gpu-{n}", workflow_id=f"gone-{n}",
-                             run_id=str(uuid.uuid4()), partitions=[], running_jobs=0) for n in range(30)]
+        FleetBudgetWorkflow.run, FleetBudgetInput(policy=policy), id=budget_id, task_queue=task_queue
+    )
+    requests = [
+        LeaseRequest(
+            incident_id=f"gpu-{n}-incident",
+            node=f"gpu-{n}",
+            workflow_id=f"gone-{n}",
+            run_id=str(uuid.uuid4()),
+            partitions=[],
+            running_jobs=0,
+        )
+        for n in range(30)
+    ]
     for req in requests:  # before the worker starts: all in the first workflow task
         await budget.signal(FleetBudgetWorkflow.request_lease, req)
     async with budget_alone(temporal_env.client, task_queue, policy, budget_id):
@@ -984,10 +1124,12 @@ async def test_a_workflow_tasks_decisions_are_written_together_once_its_answers_
         await budget.cancel()
 
     tasks = workflow_tasks(history)
-    first_answers = next(commands for commands in tasks if any(
-        e.HasField("signal_external_workflow_execution_initiated_event_attributes") for e in commands))
-    assert sum(e.HasField("signal_external_workflow_execution_initiated_event_attributes")
-               for e in first_answers) == 30
+    first_answers = next(
+        commands
+        for commands in tasks
+        if any(e.HasField("signal_external_workflow_execution_initiated_event_attributes") for e in commands)
+    )
+    assert sum(e.HasField("signal_external_workflow_execution_initiated_event_attributes") for e in first_answers) == 30
     assert not [name for name in local_activities(first_answers) if name.startswith("write_audit")]
     per_task = [local_activities(commands).count("write_audit_lines") for commands in tasks]
     assert max(per_task) == 1 and "write_audit" not in local_activities(history), per_task
@@ -1003,9 +1145,17 @@ async def budget_alone(client: Client, task_queue: str, policy: BudgetPolicy, bu
     """A worker with the budget workflow and the activities it calls itself."""
     budget_activities = BudgetActivities(client, policy, task_queue, workflow_id=budget_id)
     metrics = RecoveryMetrics(MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("test"))
-    async with Worker(client, task_queue=task_queue, workflows=[FleetBudgetWorkflow],
-                      activities=[budget_activities.find_closed_holders, write_audit, write_audit_lines,
-                                  TelemetryActivities(metrics).record_budget_in_use]):
+    async with Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[FleetBudgetWorkflow],
+        activities=[
+            budget_activities.find_closed_holders,
+            write_audit,
+            write_audit_lines,
+            TelemetryActivities(metrics).record_budget_in_use,
+        ],
+    ):
         yield
 
 
@@ -1013,6 +1163,7 @@ def all_returned(budget: WorkflowHandle, waiting_too: bool = False) -> Callable:
     async def returned() -> BudgetStatus | None:
         status = await budget.query(FleetBudgetWorkflow.status)
         return status if not status.holders and not (waiting_too and status.waiting) else None
+
     return returned
 
 

@@ -29,15 +29,22 @@ def free_port() -> int:
 
 
 def recovery(*args: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([RECOVERY, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **env}, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [RECOVERY, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **env},
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_every_game_day_scenario_meets_its_objectives(tmp_path):
     env = {
         "RECOVERY_STATE_DIR": str(tmp_path / "stack"),
         "RECOVERY_TASK_QUEUE": f"gameday-test-{uuid.uuid4()}",
-        "RECOVERY_LOCAL_TEMPORAL_PORT": str(free_port()), "RECOVERY_LOCAL_UI_PORT": str(free_port()),
+        "RECOVERY_LOCAL_TEMPORAL_PORT": str(free_port()),
+        "RECOVERY_LOCAL_UI_PORT": str(free_port()),
         # above the session clusters of both generations (base and base + 1000)
         "RECOVERY_LOCAL_SLURM_PORT_BASE": str(int(os.environ.get("RECOVERY_TEST_SLURM_PORT_BASE") or 24800) + 2000),
     }

@@ -72,6 +72,7 @@ async def runs_of(client: Client, node: str) -> list[str]:
 
 async def assert_runs(client: Client, expected: dict[str, int]) -> None:
     """Each node has exactly the expected number of incident runs (visibility catches up first)."""
+
     async def counted():
         counts = {node: len(await runs_of(client, node)) for node in expected}
         return counts if counts == expected else None
@@ -124,7 +125,8 @@ async def test_a_storm_from_every_source_makes_one_incident_per_node(temporal_en
     assert outcomes.count("accepted") == distinct
     assert outcomes.count("duplicate") == 2 * distinct
     assert {a["incident"] for r in responses for a in r.json()["alerts"]} == {
-        incident_workflow_id(n) for n in nodes[:3]}
+        incident_workflow_id(n) for n in nodes[:3]
+    }
 
     await assert_runs(temporal_env.client, {n: 1 for n in nodes[:3]})
     for node in nodes[:3]:
@@ -140,8 +142,11 @@ async def test_bad_input_and_resolved_alerts_start_nothing(temporal_env, task_qu
             ("/v1/alerts/gpu-health", gpu_health_event(node, 79, now()), {}),  # no token
             ("/v1/alerts/gpu-health", gpu_health_event(node, 1000, now()), AUTH),
             ("/v1/alerts/kernel-log", kernel_log_post(node, ["not a driver line"]), AUTH),  # no Xid line at all
-            ("/v1/alerts/alertmanager", alertmanager_payload([dcgm_alert(node, 79, now()),
-                                                              dcgm_alert("gpu[1-2]", 79, now())]), AUTH),
+            (
+                "/v1/alerts/alertmanager",
+                alertmanager_payload([dcgm_alert(node, 79, now()), dcgm_alert("gpu[1-2]", 79, now())]),
+                AUTH,
+            ),
         ]
         for path, payload, headers in bad:
             response = await post(http, path, payload, headers)
@@ -171,8 +176,9 @@ async def test_a_replay_after_the_incident_ended_never_restarts_it(temporal_env,
     async with start_hook(temporal_env, task_queue) as url, httpx.AsyncClient(base_url=url) as http:
         answer = (await post(http, "/v1/alerts/alertmanager", failure)).json()
         assert answer["dropped"] == 1
-        assert answer["alerts"][0]["reason"] == (f"the node's last incident ended at {ended_at.isoformat()}, "
-                                                 "after this alert was observed")
+        assert answer["alerts"][0]["reason"] == (
+            f"the node's last incident ended at {ended_at.isoformat()}, after this alert was observed"
+        )
         await assert_runs(temporal_env.client, {node: 1})
 
         # a failure observed after the end is a new incident
@@ -213,12 +219,15 @@ async def test_recovery_hooks_serves_the_openapi_document_and_alerts(temporal_en
     port = free_port()
     env = os.environ | {
         "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "RECOVERY_TASK_QUEUE": task_queue, "RECOVERY_HOOKS_PORT": str(port), "RECOVERY_HOOKS_TOKEN": TOKEN,
+        "RECOVERY_TASK_QUEUE": task_queue,
+        "RECOVERY_HOOKS_PORT": str(port),
+        "RECOVERY_HOOKS_TOKEN": TOKEN,
     }
     recovery = Path(sys.executable).parent / "recovery"
     proc = subprocess.Popen([str(recovery), "hooks"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+
             async def up():
                 try:
                     return (await http.get("/healthz")).status_code == 200

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from temporalio.client import Client
 
-from starter.drill import DrillOptions
 from backends.slurm.cli import SlurmCli
+from starter.drill import DrillOptions
 from starter.hooks.inventory import SlurmInventory
 from starter.hooks.server import build_app, listening, node_inventory
 from starter.hooks.settings import HookSettings
@@ -47,8 +47,9 @@ async def post(http: httpx.AsyncClient, path: str, payload: dict) -> dict:
     return answer
 
 
-async def test_a_job_peers_secondary_alerts_join_the_failed_nodes_incident(drill, recovery_worker, temporal_env,
-                                                                            settings):
+async def test_a_job_peers_secondary_alerts_join_the_failed_nodes_incident(
+    drill, recovery_worker, temporal_env, settings
+):
     client = temporal_env.client
     run = await drill.start(DrillOptions(xid=79))  # the job's checkpoints, the lost GPU, the incident
     failed = run.node
@@ -59,15 +60,17 @@ async def test_a_job_peers_secondary_alerts_join_the_failed_nodes_incident(drill
 
     # The stranger is no Slurm node (a name of its own keeps its incident apart from other tests'):
     # the cluster's inventory is off here, and tested below.
-    hook = HookSettings(token=TOKEN, port=0, correlation_window_seconds=WINDOW, correlation_hold_seconds=HOLD,
-                        inventory="off")
+    hook = HookSettings(
+        token=TOKEN, port=0, correlation_window_seconds=WINDOW, correlation_hold_seconds=HOLD, inventory="off"
+    )
     app = build_app(settings.model_copy(update={"dry_run": True}), hook, client)
     async with listening(app.asgi(), hook) as url, httpx.AsyncClient(base_url=url, timeout=HOLD + 30) as http:
         # Right after the failure, before its incident has found its jobs: the peer's NVLink error
         # and NCCL timeout wait for it, then join it.
         nvlink, nccl = await asyncio.gather(
             post(http, "/v1/alerts/kernel-log", kernel_log_post(peer, [xid_line(74, when=now())])),
-            post(http, "/v1/alerts/gpu-health", gpu_health_event(peer, None, now())))
+            post(http, "/v1/alerts/gpu-health", gpu_health_event(peer, None, now())),
+        )
         assert (nvlink["outcome"], nvlink["incident"]) == ("correlated", incident_workflow_id(failed))
         assert (nccl["outcome"], nccl["incident"]) == ("correlated", incident_workflow_id(failed))
         assert nvlink["reason"].startswith(f"correlated: XID 74 on {peer}, which shares a job with {failed}, ")
@@ -78,15 +81,18 @@ async def test_a_job_peers_secondary_alerts_join_the_failed_nodes_incident(drill
         # the incident's own alert first (it decides the XID class), then the peer's, which keep
         # their XID (the NCCL timeout, which has none, carries the failure's)
         assert (status.alerts[0].xid, status.alerts[0].observed_on) == (79, None)
-        assert sorted((a.node, a.observed_on, a.xid) for a in status.alerts[1:]) == [(failed, peer, 74),
-                                                                                     (failed, peer, 79)]
+        assert sorted((a.node, a.observed_on, a.xid) for a in status.alerts[1:]) == [
+            (failed, peer, 74),
+            (failed, peer, 79),
+        ]
 
         # An XID 74 on a node that shares no job, and one on the peer observed after the window:
         # each waits out the hold, then opens its own node's incident.
         await asyncio.sleep((started_at + timedelta(seconds=WINDOW + 1) - now()).total_seconds())
         unrelated, late = await asyncio.gather(
             post(http, "/v1/alerts/kernel-log", kernel_log_post(stranger, [xid_line(74, when=now())])),
-            post(http, "/v1/alerts/kernel-log", kernel_log_post(peer, [xid_line(74, pid=7, when=now())])))
+            post(http, "/v1/alerts/kernel-log", kernel_log_post(peer, [xid_line(74, pid=7, when=now())])),
+        )
     assert (unrelated["outcome"], unrelated["incident"]) == ("accepted", incident_workflow_id(stranger))
     assert (late["outcome"], late["incident"]) == ("accepted", incident_workflow_id(peer))
     for node, before in ((stranger, []), (peer, peer_before)):
@@ -112,8 +118,9 @@ async def test_the_hook_refuses_alerts_on_nodes_slurm_does_not_have(settings, te
     assert await inventory.unknown([*cluster, stranger]) == [stranger]
     app = build_app(settings, hook, temporal_env.client)
     async with listening(app.asgi(), hook) as url, httpx.AsyncClient(base_url=url) as http:
-        response = await http.post("/v1/alerts/kernel-log", headers=AUTH,
-                                   json=kernel_log_post(stranger, [xid_line(79, when=now())]))
+        response = await http.post(
+            "/v1/alerts/kernel-log", headers=AUTH, json=kernel_log_post(stranger, [xid_line(79, when=now())])
+        )
     assert response.status_code == 422, response.text
     assert response.json()["problems"] == [{"loc": "body", "msg": f"node {stranger} is not in the cluster"}]
     assert await incidents_of(temporal_env.client, stranger) == []

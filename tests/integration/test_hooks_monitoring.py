@@ -97,12 +97,16 @@ class FakeDcgmExporter:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def exposition(self) -> str:
-        lines = ["# HELP DCGM_FI_DEV_XID_ERRORS Value of the last XID error encountered.",
-                 "# TYPE DCGM_FI_DEV_XID_ERRORS gauge"]
+        lines = [
+            "# HELP DCGM_FI_DEV_XID_ERRORS Value of the last XID error encountered.",
+            "# TYPE DCGM_FI_DEV_XID_ERRORS gauge",
+        ]
         for gpu, xid in self.xid.items():
-            labels = (f'gpu="{gpu}",UUID="{gpu_uuid(self.hostname, gpu)}",device="nvidia{gpu}",'
-                      f'modelName="NVIDIA H100 80GB HBM3",Hostname="{self.hostname}",'
-                      'DCGM_FI_DRIVER_VERSION="550.54.15"')
+            labels = (
+                f'gpu="{gpu}",UUID="{gpu_uuid(self.hostname, gpu)}",device="nvidia{gpu}",'
+                f'modelName="NVIDIA H100 80GB HBM3",Hostname="{self.hostname}",'
+                'DCGM_FI_DRIVER_VERSION="550.54.15"'
+            )
             lines.append(f"DCGM_FI_DEV_XID_ERRORS{{{labels}}} {xid}")
         return "\n".join(lines) + "\n"
 
@@ -141,8 +145,11 @@ async def test_xid_79_through_prometheus_and_alertmanager_makes_one_incident(tem
     token = uuid.uuid4().hex
     (tmp_path / "hook-token").write_text(token + "\n")
     task_queue = f"hooks-monitoring-{uuid.uuid4()}"
-    app = build_app(Settings(TEMPORAL_ADDRESS="unused", task_queue=task_queue),
-                    HookSettings(token=token, port=0), temporal_env.client)
+    app = build_app(
+        Settings(TEMPORAL_ADDRESS="unused", task_queue=task_queue),
+        HookSettings(token=token, port=0),
+        temporal_env.client,
+    )
 
     async with listening(app.asgi(), app.settings) as hook_url:
         am_port, prom_port = free_port(), free_port()
@@ -151,20 +158,40 @@ async def test_xid_79_through_prometheus_and_alertmanager_makes_one_incident(tem
         webhook["url"] = f"{hook_url}/v1/alerts/alertmanager"
         webhook["http_config"]["authorization"]["credentials_file"] = str(tmp_path / "hook-token")
         (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(am_config))
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
-            # short scrape and evaluation intervals keep the test short; grouping is Alertmanager's, as shipped
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(RULES)],
-            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-            "scrape_configs": [{"job_name": "dcgm-exporter",
-                                "static_configs": [{"targets": [e.address for e in exporters]}]}],
-        }))
-        with process([alertmanager, f"--config.file={tmp_path / 'alertmanager.yml'}",
-                      f"--storage.path={tmp_path / 'am-data'}", f"--web.listen-address=127.0.0.1:{am_port}",
-                      "--cluster.listen-address="], tmp_path / "alertmanager.log") as am, \
-             process([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
-                      f"--storage.tsdb.path={tmp_path / 'prom-data'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
-                     tmp_path / "prometheus.log") as prom:
+        (tmp_path / "prometheus.yml").write_text(
+            yaml.safe_dump(
+                {
+                    # short scrape and evaluation intervals keep the test short; grouping is Alertmanager's, as shipped
+                    "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                    "rule_files": [str(RULES)],
+                    "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+                    "scrape_configs": [
+                        {"job_name": "dcgm-exporter", "static_configs": [{"targets": [e.address for e in exporters]}]}
+                    ],
+                }
+            )
+        )
+        with (
+            process(
+                [
+                    alertmanager,
+                    f"--config.file={tmp_path / 'alertmanager.yml'}",
+                    f"--storage.path={tmp_path / 'am-data'}",
+                    f"--web.listen-address=127.0.0.1:{am_port}",
+                    "--cluster.listen-address=",
+                ],
+                tmp_path / "alertmanager.log",
+            ) as am,
+            process(
+                [
+                    prometheus,
+                    f"--config.file={tmp_path / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={tmp_path / 'prom-data'}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                ],
+                tmp_path / "prometheus.log",
+            ) as prom,
+        ):
             logs = lambda: "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in tmp_path.glob("*.log"))  # noqa: E731
             failed_at = datetime.now(timezone.utc)
             failing.xid[1] = 79  # GPU 1 falls off the bus; GPU 2 reports it too
@@ -180,8 +207,9 @@ async def test_xid_79_through_prometheus_and_alertmanager_makes_one_incident(tem
             client = temporal_env.client
             runs = [wf async for wf in client.list_workflows(f"WorkflowId='{incident_workflow_id(failing.hostname)}'")]
             assert len(runs) == 1, logs()
-            assert [wf async for wf in client.list_workflows(
-                f"WorkflowId='{incident_workflow_id(healthy.hostname)}'")] == []
+            assert [
+                wf async for wf in client.list_workflows(f"WorkflowId='{incident_workflow_id(healthy.hostname)}'")
+            ] == []
 
     alerts = []
     async for event in client.get_workflow_handle(incident_workflow_id(failing.hostname)).fetch_history_events():

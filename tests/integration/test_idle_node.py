@@ -46,7 +46,8 @@ async def test_a_failed_idle_node_is_fenced_and_the_spares_stay_on_standby(tempo
         assert [a.action for a in report.actions] == ["drain_node", "down_node"]
         assert phase_result(report, "request_replacement") == (
             f"skipped: no job was on {report.node}: the hot spares stay on standby for a job to resume "
-            "(spare_for_idle_node is off)")
+            "(spare_for_idle_node is off)"
+        )
         for spare in f.drill.spare_nodes:
             node = await f.drill.slurm.get_node(spare)
             assert node.drained and node.reason.endswith(SPARE_STANDBY_REASON) and not node.comment, node

@@ -22,8 +22,9 @@ pytestmark = pytest.mark.slurm
 
 async def test_duplicate_alert_joins_the_running_incident(drill, recovery_worker, temporal_env):
     run = await drill.start(DrillOptions(xid=79))
-    duplicate = NodeFailureAlert(node=run.node, xid=79, source="kernel-log", actor="hook test",
-                                 reason="the same failure seen by another source")
+    duplicate = NodeFailureAlert(
+        node=run.node, xid=79, source="kernel-log", actor="hook test", reason="the same failure seen by another source"
+    )
     second = await raise_alert(temporal_env.client, duplicate, drill.stack.task_queue, drill.policy)
     assert second.id == run.handle.id
     assert second.result_run_id == run.handle.result_run_id
@@ -43,8 +44,9 @@ async def test_worker_killed_mid_recovery_finishes_and_requeues_exactly_once(
     """The worker runs as its own process and is SIGKILLed while the incident is under way; a
     new worker finishes it, and Slurm's own restart count shows that the job was requeued once."""
     address = temporal_env.client.service_client.config.target_host
-    stack = dataclasses.replace(local_stack, task_queue=settings.task_queue,
-                                temporal_port=int(address.rsplit(":", 1)[1]))
+    stack = dataclasses.replace(
+        local_stack, task_queue=settings.task_queue, temporal_port=int(address.rsplit(":", 1)[1])
+    )
     stack.start_worker(slurm_cluster)
     first_pid = int(stack.worker_pidfile.read_text())
     try:
@@ -83,15 +85,17 @@ async def test_worker_killed_mid_recovery_finishes_and_requeues_exactly_once(
 
 async def test_worker_stops_cleanly_on_sigterm(temporal_env, local_stack, slurm_cluster, settings):
     address = temporal_env.client.service_client.config.target_host
-    stack = dataclasses.replace(local_stack, task_queue=settings.task_queue,
-                                temporal_port=int(address.rsplit(":", 1)[1]))
+    stack = dataclasses.replace(
+        local_stack, task_queue=settings.task_queue, temporal_port=int(address.rsplit(":", 1)[1])
+    )
     log = stack.worker_pidfile.with_suffix(".log")
     offset = log.stat().st_size if log.exists() else 0
     stack.start_worker(slurm_cluster)
     pid = int(stack.worker_pidfile.read_text())
     try:
-        await wait_async(lambda: asyncio.sleep(0, result="worker polling" in log.read_text()[offset:]),
-                         30, "the worker to poll")
+        await wait_async(
+            lambda: asyncio.sleep(0, result="worker polling" in log.read_text()[offset:]), 30, "the worker to poll"
+        )
         os.kill(pid, signal.SIGTERM)
         await wait_async(lambda: asyncio.sleep(0, result=not stack.worker_running()), 15, "the worker to exit")
         _, status = os.waitpid(pid, 0)  # the worker is this process's child: collect its exit code

@@ -17,8 +17,8 @@ import pytest
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowHandle
 
-from contracts.audit import configure_sink, remove_sink
 from backends.replacement import SPARE_STANDBY_REASON
+from contracts.audit import configure_sink, remove_sink
 from contracts.budget import BudgetState, FleetBudgetInput, IncidentMark, LeaseState, Quarantine, TimelineKind
 from contracts.models import NodeFailureAlert
 from starter.alerts import raise_alert
@@ -69,7 +69,8 @@ class WebhookReceiver(ThreadingHTTPServer):
 
 
 async def test_a_recovery_holds_a_lease_notifies_and_audits_every_step(
-        temporal_env, local_stack, slurm_cluster, tmp_path: Path):
+    temporal_env, local_stack, slurm_cluster, tmp_path: Path
+):
     receiver = WebhookReceiver()
     audit = tmp_path / "audit.jsonl"
     sink = configure_sink(audit)
@@ -104,14 +105,23 @@ async def test_a_recovery_holds_a_lease_notifies_and_audits_every_step(
     kinds = sorted(body["kind"] for _, body in receiver.received)
     assert kinds == ["incident_opened", "recovered"], receiver.received
     assert {headers["Idempotency-Key"] for headers, _ in receiver.received} == {
-        f"{report.incident_id}/incident_opened", f"{report.incident_id}/recovered"}
+        f"{report.incident_id}/incident_opened",
+        f"{report.incident_id}/recovered",
+    }
 
     # The audit log: every side effect and decision as one JSON line, with who and why.
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
     incident_lines = [line for line in lines if line.get("incident") == report.incident_id]
     actions = [line["action"] for line in incident_lines]
-    for expected in ("drain_node", "signal_job", "requeue_hold", "down_node", "lease_granted", "lease_released",
-                     "incident_outcome"):
+    for expected in (
+        "drain_node",
+        "signal_job",
+        "requeue_hold",
+        "down_node",
+        "lease_granted",
+        "lease_released",
+        "incident_outcome",
+    ):
         assert expected in actions, (expected, actions)
     assert all(line["actor"] and line["reason"] and line["at"] for line in incident_lines)
     [outcome] = [line for line in incident_lines if line["action"] == "incident_outcome"]
@@ -122,17 +132,23 @@ async def status_of(handle: WorkflowHandle):
     return await handle.query(NodeRecoveryWorkflow.status)
 
 
-async def test_over_budget_an_incident_waits_drained_and_an_operator_decides(
-        temporal_env, local_stack, slurm_cluster):
+async def test_over_budget_an_incident_waits_drained_and_an_operator_decides(temporal_env, local_stack, slurm_cluster):
     """K = 1: while one incident holds the lease (parked at its replacement approval), a second
     failure is drained and waits with nothing killed; an operator approves it over budget, and
     a third is denied and stays drained. Each gate is notified."""
     receiver = WebhookReceiver()
     # Three nodes of the 5-node cluster fenced at once: past the default breaker (half the fleet), which
     # this test is not about.
-    async with fleet(temporal_env, local_stack, slurm_cluster, budget_max_nodes=1,
-                     approval_required=["replacement"], notify_webhook_url=receiver.url,
-                     breaker_fleet_fraction=1.0, breaker_partition_fraction=1.0) as f:
+    async with fleet(
+        temporal_env,
+        local_stack,
+        slurm_cluster,
+        budget_max_nodes=1,
+        approval_required=["replacement"],
+        notify_webhook_url=receiver.url,
+        breaker_fleet_fraction=1.0,
+        breaker_partition_fraction=1.0,
+    ) as f:
         holder = await f.drill.start(DrillOptions(xid=79))
 
         async def holder_at_its_gate():
@@ -142,8 +158,11 @@ async def test_over_budget_an_incident_waits_drained_and_an_operator_decides(
         await wait_async(holder_at_its_gate, 120, "the first incident to hold its lease at the replacement gate")
         spares = f.drill.spare_nodes
         job = await f.drill.slurm.get_job(holder.job_id)
-        others = [n.name for n in await f.drill.slurm.list_nodes()
-                  if n.name not in spares and n.name != holder.node and n.in_service]
+        others = [
+            n.name
+            for n in await f.drill.slurm.list_nodes()
+            if n.name not in spares and n.name != holder.node and n.in_service
+        ]
         second_node, third_node = others[:2]
         # No gate and no spare for these two: the one spare stays for the first incident.
         policy = f.drill.policy.model_copy(update={"approval_required": [], "spare_nodes": []})
@@ -190,11 +209,13 @@ async def test_over_budget_an_incident_waits_drained_and_an_operator_decides(
         asked = await wait_async(every_gate_notified, 30, "an approval_needed notification for each gate")
     receiver.shutdown()
     assert sorted((body["node"], body["summary"].split(":")[0]) for body in asked) == sorted(
-        [(holder.node, "replacement"), (second_node, "budget"), (third_node, "budget")])
+        [(holder.node, "replacement"), (second_node, "budget"), (third_node, "budget")]
+    )
 
 
 async def test_a_lemon_is_quarantined_and_returns_to_service_only_after_an_operator_releases_it(
-        temporal_env, local_stack, slurm_cluster):
+    temporal_env, local_stack, slurm_cluster
+):
     async with fleet(temporal_env, local_stack, slurm_cluster, lemon_incidents=2, repair_poll_seconds=0.5) as f:
         first = await f.drill.run(DrillOptions(xid=79))
         node = first.report.node
@@ -205,8 +226,9 @@ async def test_a_lemon_is_quarantined_and_returns_to_service_only_after_an_opera
         quarantine = await f.budget.query(FleetBudgetWorkflow.quarantine, node)
         assert quarantine.quarantined and len(quarantine.incidents_in_window) == 2
 
-        watcher = temporal_env.client.get_workflow_handle_for(ReturnToServiceWorkflow.run,
-                                                              second.report.return_to_service)
+        watcher = temporal_env.client.get_workflow_handle_for(
+            ReturnToServiceWorkflow.run, second.report.return_to_service
+        )
         (f.drill.stack.fault_dir / node).unlink(missing_ok=True)  # repaired: only the quarantine holds it
 
         async def held_as_a_lemon() -> bool:
@@ -217,22 +239,34 @@ async def test_a_lemon_is_quarantined_and_returns_to_service_only_after_an_opera
         assert not (await f.drill.slurm.get_node(node)).in_service
 
         local_stack.ensure_operator_key("dana")
-        env = {**os.environ, "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-               "RECOVERY_TASK_QUEUE": f.settings.task_queue,
-               "RECOVERY_OPERATOR_KEY_FILE": str(local_stack.operator_key_file_of("dana"))}
+        env = {
+            **os.environ,
+            "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+            "RECOVERY_TASK_QUEUE": f.settings.task_queue,
+            "RECOVERY_OPERATOR_KEY_FILE": str(local_stack.operator_key_file_of("dana")),
+        }
 
         async def recovery(*args: str) -> tuple[int, str, str]:
             # Not subprocess.run: this process's worker must keep serving the budget meanwhile.
-            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "starter.cli", *args, env=env, cwd=REPO,
-                                                        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "starter.cli",
+                *args,
+                env=env,
+                cwd=REPO,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
             out, err = await asyncio.wait_for(proc.communicate(), 60)
             return proc.returncode, out.decode(), err.decode()
 
         code, out, err = await recovery("budget", "--json")
         assert code == 0, err
         assert [q["node"] for q in json.loads(out)["quarantined"]] == [node]
-        code, out, err = await recovery("release-quarantine", node, "--reason", "PSU replaced, RMA 991",
-                                        "--actor", "dana", "--json")
+        code, out, err = await recovery(
+            "release-quarantine", node, "--reason", "PSU replaced, RMA 991", "--actor", "dana", "--json"
+        )
         assert code == 0, err
         assert json.loads(out)["quarantined"] is False
         code, _, err = await recovery("release-quarantine", node, "--reason", "twice", "--actor", "dana")
@@ -247,18 +281,26 @@ async def test_a_lemon_is_quarantined_and_returns_to_service_only_after_an_opera
 
 
 async def test_a_quarantined_spare_is_passed_over_with_the_lemons_the_lease_answer_carries(
-        temporal_env, local_stack, slurm_cluster):
+    temporal_env, local_stack, slurm_cluster
+):
     async with fleet(temporal_env, local_stack, slurm_cluster) as f:
         [lemon] = f.drill.spare_nodes
         # The budget already holds the only spare as a lemon, as a budget that quarantined it and
         # continued as new would.
         policy = f.settings.budget_policy()
-        marks = [IncidentMark(incident_id=f"{lemon}-2026113{n}T000000Z", at=datetime.now(timezone.utc))
-                 for n in range(policy.lemon_incidents)]
-        state = BudgetState(policy=policy, quarantines={lemon: Quarantine(node=lemon, since=marks[-1].at,
-                                                                          incidents=marks)})
-        await temporal_env.client.start_workflow(FleetBudgetWorkflow.run, FleetBudgetInput(policy=policy, state=state),
-                                                 id=f.budget.id, task_queue=f.settings.task_queue)
+        marks = [
+            IncidentMark(incident_id=f"{lemon}-2026113{n}T000000Z", at=datetime.now(timezone.utc))
+            for n in range(policy.lemon_incidents)
+        ]
+        state = BudgetState(
+            policy=policy, quarantines={lemon: Quarantine(node=lemon, since=marks[-1].at, incidents=marks)}
+        )
+        await temporal_env.client.start_workflow(
+            FleetBudgetWorkflow.run,
+            FleetBudgetInput(policy=policy, state=state),
+            id=f.budget.id,
+            task_queue=f.settings.task_queue,
+        )
 
         result = await f.drill.run(DrillOptions(xid=79))
         report = result.report
@@ -273,8 +315,11 @@ async def test_a_quarantined_spare_is_passed_over_with_the_lemons_the_lease_answ
         # incident overflows the budget's query buffer in a storm).
         incident = temporal_env.client.get_workflow_handle(incident_workflow_id(report.node))
         history = [event async for event in incident.fetch_history_events()]
-        activities = [event.activity_task_scheduled_event_attributes.activity_type.name for event in history
-                      if event.HasField("activity_task_scheduled_event_attributes")]
+        activities = [
+            event.activity_task_scheduled_event_attributes.activity_type.name
+            for event in history
+            if event.HasField("activity_task_scheduled_event_attributes")
+        ]
         activities += local_activities(history)
         assert "request_lease" in activities and "quarantined_among" not in activities, activities
 
@@ -283,9 +328,11 @@ async def test_a_quarantined_spare_is_passed_over_with_the_lemons_the_lease_answ
         watcher = temporal_env.client.get_workflow_handle(report.return_to_service)
 
         async def watcher_activities() -> list[str] | None:
-            names = [event.activity_task_scheduled_event_attributes.activity_type.name
-                     async for event in watcher.fetch_history_events()
-                     if event.HasField("activity_task_scheduled_event_attributes")]
+            names = [
+                event.activity_task_scheduled_event_attributes.activity_type.name
+                async for event in watcher.fetch_history_events()
+                if event.HasField("activity_task_scheduled_event_attributes")
+            ]
             return names if "return_to_service" in names else None
 
         looks = await wait_async(watcher_activities, 30, "the watcher's first look at the node")

@@ -19,15 +19,19 @@ pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]
 
 
 async def test_a_job_that_died_on_the_failed_node_before_its_requeue_is_requeued_and_verified(
-        temporal_env, local_stack, slurm_cluster):
+    temporal_env, local_stack, slurm_cluster
+):
     # The requeue gate holds the incident after it found and signalled the job: the job dies meanwhile.
     async with fleet(temporal_env, local_stack, slurm_cluster, approval_required=["requeue"]) as f:
         run = await f.drill.start(DrillOptions())
 
         async def at_the_requeue_gate() -> bool:
             status = await status_if_answered(run.handle)
-            return status is not None and status.awaiting_approval is not None \
+            return (
+                status is not None
+                and status.awaiting_approval is not None
                 and status.awaiting_approval.gate == "requeue"
+            )
 
         await wait_async(at_the_requeue_gate, 120, "the incident to wait at the requeue gate")
         # The training processes die (SIGKILL, as a crash): the batch script ends non-zero.

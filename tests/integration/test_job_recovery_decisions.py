@@ -94,10 +94,12 @@ class SlurmStandIn:
         async def requeue_job(req: RequeueRequest) -> RequeueResult:
             self.requeues.append(req)
             if self.fail_requeue:
-                raise ApplicationError("scontrol requeuehold: Invalid job id", type="SlurmCommandError",
-                                       non_retryable=True)
-            return RequeueResult(job_id=req.job.job_id, requeued_now=True, restart_count=req.job.restart_count + 1,
-                                 actions=[])
+                raise ApplicationError(
+                    "scontrol requeuehold: Invalid job id", type="SlurmCommandError", non_retryable=True
+                )
+            return RequeueResult(
+                job_id=req.job.job_id, requeued_now=True, restart_count=req.job.restart_count + 1, actions=[]
+            )
 
         @activity.defn(name="verify_restart")
         async def verify_restart(req: VerifyRequest) -> JobVerification:
@@ -109,19 +111,25 @@ class SlurmStandIn:
             except asyncio.CancelledError:
                 self.cancelled_verifications += 1
                 raise
-            return JobVerification(job_id=req.snapshot.job.job_id, verified=True,
-                                   restart_count_before=req.snapshot.job.restart_count,
-                                   restart_count_after=req.expected_restart_count,
-                                   nodes_before=req.snapshot.job.nodes, nodes_after=["gpu-7", "gpu-8", "gpu-9"])
+            return JobVerification(
+                job_id=req.snapshot.job.job_id,
+                verified=True,
+                restart_count_before=req.snapshot.job.restart_count,
+                restart_count_after=req.expected_restart_count,
+                nodes_before=req.snapshot.job.nodes,
+                nodes_after=["gpu-7", "gpu-8", "gpu-9"],
+            )
 
         return [requeue_job, verify_restart]
 
 
 async def until(check, what: str):
     """Poll a check (plain or async), with a deadline."""
+
     async def checked():
         value = check()
         return await value if asyncio.iscoroutine(value) else value
+
     return await wait_async(checked, 30, what, interval=0.05)
 
 
@@ -133,17 +141,32 @@ class JobRecovery:
     async def join(self, node: str, job: SlurmJob = JOB) -> str:
         """An incident's join, as activities/job_recovery.py sends it; its run id."""
         incident = f"{node}-20261204T000000Z"
-        await self.client.start_workflow(StandInIncident.run, id=self.incident_id(node), task_queue=self.task_queue,
-                                         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)
+        await self.client.start_workflow(
+            StandInIncident.run,
+            id=self.incident_id(node),
+            task_queue=self.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
         ctx = ActionContext(incident_id=incident, owner="recovery", actor="pytest", reason=f"XID 79 on {node}", xid=79)
-        start = WithStartWorkflowOperation(JobRecoveryWorkflow.run, id=self.workflow_id, task_queue=self.task_queue,
-                                           id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)
+        start = WithStartWorkflowOperation(
+            JobRecoveryWorkflow.run,
+            id=self.workflow_id,
+            task_queue=self.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
         return await self.client.execute_update_with_start_workflow(
             JobRecoveryWorkflow.requeue,
-            JobJoin(incident_id=incident, workflow_id=self.incident_id(node), node=node, ctx=ctx,
-                    verify_deadline_seconds=60,
-                    snapshot=JobSnapshot(job=job, checkpoint_dir=None, latest_complete=None, progress=None)),
-            start_workflow_operation=start, id=f"{incident}-job-{job.job_id}")
+            JobJoin(
+                incident_id=incident,
+                workflow_id=self.incident_id(node),
+                node=node,
+                ctx=ctx,
+                verify_deadline_seconds=60,
+                snapshot=JobSnapshot(job=job, checkpoint_dir=None, latest_complete=None, progress=None),
+            ),
+            start_workflow_operation=start,
+            id=f"{incident}-job-{job.job_id}",
+        )
 
     def incident_id(self, node: str) -> str:
         return f"incident-{self.task_queue}-{node}"
@@ -158,8 +181,12 @@ class JobRecovery:
 @asynccontextmanager
 async def job_recovery(env, slurm: SlurmStandIn):
     task_queue = f"job-recovery-{uuid.uuid4()}"
-    async with Worker(env.client, task_queue=task_queue, workflows=[JobRecoveryWorkflow, StandInIncident],
-                      activities=slurm.activities()):
+    async with Worker(
+        env.client,
+        task_queue=task_queue,
+        workflows=[JobRecoveryWorkflow, StandInIncident],
+        activities=slurm.activities(),
+    ):
         recovery = JobRecovery(env.client, task_queue)
         yield recovery
         async for incident in env.client.list_workflows(f'TaskQueue = "{task_queue}" AND ExecutionStatus = "Running"'):
@@ -172,8 +199,10 @@ async def test_incidents_on_one_job_share_its_requeue_and_its_one_verification(t
     async with job_recovery(temporal_env, slurm) as jobs:
         runs = await asyncio.gather(*(jobs.join(node) for node in nodes))
         assert len(set(runs)) == 1
-        requeued = [(await until(lambda node=node: told(jobs, node, "requeued"), f"{node} to hear of its requeue"))
-                    for node in nodes]
+        requeued = [
+            (await until(lambda node=node: told(jobs, node, "requeued"), f"{node} to hear of its requeue"))
+            for node in nodes
+        ]
         # One requeue, or more that add the nodes that joined while one ran; each incident hears once.
         assert [r.failed_nodes for r in slurm.requeues][-1] == nodes, slurm.requeues
         assert slurm.requeues[0].job.restart_count == 0
@@ -182,13 +211,16 @@ async def test_incidents_on_one_job_share_its_requeue_and_its_one_verification(t
         count = len(slurm.requeues)
         assert await jobs.join("gpu-1") == runs[0] and len(slurm.requeues) == count
         await asyncio.gather(*(jobs.verify(run) for run in runs))
-        recovered = [(await until(lambda node=node: told(jobs, node, "recovered"), f"{node} to hear of the verification"))
-                     for node in nodes]
+        recovered = [
+            (await until(lambda node=node: told(jobs, node, "recovered"), f"{node} to hear of the verification"))
+            for node in nodes
+        ]
         assert recovered[0] == recovered[1] == recovered[2] and len(recovered[0]) == 1
         assert len(slurm.verifications) == 1 and slurm.verifications[0].failed_nodes == nodes
         assert slurm.verifications[0].expected_restart_count == slurm.requeues[-1].job.restart_count + 1
         assert [(p.node, p.incident_id) for p in recovered[0][0].failed_together] == [
-            (node, f"{node}-20261204T000000Z") for node in nodes]
+            (node, f"{node}-20261204T000000Z") for node in nodes
+        ]
 
 
 async def told(jobs: JobRecovery, node: str, what: str) -> list | None:
@@ -226,7 +258,10 @@ async def test_a_failed_requeue_fails_every_incident_that_joined(temporal_env):
         for node in ("gpu-1", "gpu-2"):
             # As the incident's own requeue would have failed: its cause's type and message.
             [failure] = await until(lambda node=node: told(jobs, node, "failed"), f"{node} to hear of the failure")
-            assert (failure.error_type, failure.message) == ("SlurmCommandError", "scontrol requeuehold: Invalid job id")
+            assert (failure.error_type, failure.message) == (
+                "SlurmCommandError",
+                "scontrol requeuehold: Invalid job id",
+            )
             assert not (await jobs.heard(node)).requeued
 
 

@@ -10,8 +10,11 @@ from starter.drill import DrillOptions
 
 pytestmark = pytest.mark.slurm
 
-KUBERNETES_CHECKS = ["slurmd pod evicted after the drain and the requeue", "failed Node cordoned and tainted",
-                     "replacement Node in service"]
+KUBERNETES_CHECKS = [
+    "slurmd pod evicted after the drain and the requeue",
+    "failed Node cordoned and tainted",
+    "replacement Node in service",
+]
 
 
 async def test_xid79_on_slurm_on_kubernetes_evicts_the_slurmd_pod_after_the_drain_and_resumes_the_job(drill):
@@ -27,12 +30,33 @@ async def test_xid79_on_slurm_on_kubernetes_evicts_the_slurmd_pod_after_the_drai
     # The Kubernetes steps, each where the workflow must take it: the pod goes only once Slurm
     # has let go of the node.
     assert [p.name for p in r.phases] == [
-        "classify", "breaker", "drain", "locate_slurmd_pod", "fence_k8s_node", "find_jobs", "budget", "signal", "grace", "requeue",
-        "mark_down", "evict_slurmd_pod", "request_replacement", "wait_for_spare", "check_spare_health", "verify",
-        "return_to_service"]
+        "classify",
+        "breaker",
+        "drain",
+        "locate_slurmd_pod",
+        "fence_k8s_node",
+        "find_jobs",
+        "budget",
+        "signal",
+        "grace",
+        "requeue",
+        "mark_down",
+        "evict_slurmd_pod",
+        "request_replacement",
+        "wait_for_spare",
+        "check_spare_health",
+        "verify",
+        "return_to_service",
+    ]
     at = {a.action: a.at for a in r.actions}
-    assert at["drain_node"] < at["fence_k8s_node"] < at["requeue_hold"] < at["release_job"] < at["down_node"] \
+    assert (
+        at["drain_node"]
+        < at["fence_k8s_node"]
+        < at["requeue_hold"]
+        < at["release_job"]
+        < at["down_node"]
         < at["evict_slurmd_pod"]
+    )
     eviction = next(a for a in r.actions if a.action == "evict_slurmd_pod")
     assert eviction.command.startswith(f"POST /api/v1/namespaces/slurm/pods/{r.node}/eviction ")
     assert f"Slurm: {r.node} down+DRAIN" in eviction.detail

@@ -93,8 +93,10 @@ def mounts_under(root: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def clusters():
-    stacks = {g: LocalStack(state_dir=STATE_DIR, slurm_port_base=PORT_BASE, slurm_version=g,
-                            temporal_port=0, ui_port=0) for g in GENERATIONS}
+    stacks = {
+        g: LocalStack(state_dir=STATE_DIR, slurm_port_base=PORT_BASE, slurm_version=g, temporal_port=0, ui_port=0)
+        for g in GENERATIONS
+    }
     # one generation is the host's, the other runs from a root
     assert sorted(s.slurm_root is None for s in stacks.values()) == [False, True]
     try:
@@ -136,13 +138,27 @@ def test_reference_job_checkpoints_and_restarts_after_requeuehold_and_release(cl
     stack = cluster.stack
     run_dir = stack.drills_dir / f"stack-test-{uuid.uuid4().hex[:8]}"
     run_dir.mkdir(parents=True)
-    job_id = cluster.run(
-        "sbatch", "--parsable", f"--comment=checkpoint_dir={run_dir}", f"--output={run_dir}/slurm-%j.out",
-        f"--export=ALL,PYTHONPATH={stack.trainer_pythonpath},TRAINER_PYTHON={stack.trainer_python}",
-        str(stack.trainer_script), "--run-dir", str(run_dir), "--step-seconds", "0.2", "--checkpoint-every", "10",
-        cwd=run_dir,
-    ).strip().split(";")[0]
+    job_id = (
+        cluster.run(
+            "sbatch",
+            "--parsable",
+            f"--comment=checkpoint_dir={run_dir}",
+            f"--output={run_dir}/slurm-%j.out",
+            f"--export=ALL,PYTHONPATH={stack.trainer_pythonpath},TRAINER_PYTHON={stack.trainer_python}",
+            str(stack.trainer_script),
+            "--run-dir",
+            str(run_dir),
+            "--step-seconds",
+            "0.2",
+            "--checkpoint-every",
+            "10",
+            cwd=run_dir,
+        )
+        .strip()
+        .split(";")[0]
+    )
     try:
+
         def complete_checkpoints():
             return [c for c in ckpt.list_checkpoints(run_dir) if c.complete]
 
@@ -169,15 +185,17 @@ def test_reference_job_checkpoints_and_restarts_after_requeuehold_and_release(cl
         assert cluster.job(job_id)["Restarts"] == "1"
     finally:
         subprocess.run(["scancel", job_id], env=cluster.env, capture_output=True, timeout=60)
-    poll(lambda: cluster.job(job_id)["JobState"] not in ("RUNNING", "COMPLETING", "PENDING"), 30,
-         "the job to end")
+    poll(lambda: cluster.job(job_id)["JobState"] not in ("RUNNING", "COMPLETING", "PENDING"), 30, "the job to end")
 
 
 def test_slurmrestd_serves_the_generations_api_versions(cluster):
     response = httpx.get(
-        f"{cluster.env['SLURMRESTD_URL']}/openapi/v3", timeout=30,
-        headers={"X-SLURM-USER-NAME": cluster.env["SLURMRESTD_USER"],
-                 "X-SLURM-USER-TOKEN": Path(cluster.env["SLURMRESTD_TOKEN_FILE"]).read_text().strip()},
+        f"{cluster.env['SLURMRESTD_URL']}/openapi/v3",
+        timeout=30,
+        headers={
+            "X-SLURM-USER-NAME": cluster.env["SLURMRESTD_USER"],
+            "X-SLURM-USER-TOKEN": Path(cluster.env["SLURMRESTD_TOKEN_FILE"]).read_text().strip(),
+        },
     )
     response.raise_for_status()
     versions = {m.group(1) for path in response.json()["paths"] if (m := re.match(r"/slurm/(v0\.0\.\d+)/", path))}
@@ -187,8 +205,13 @@ def test_slurmrestd_serves_the_generations_api_versions(cluster):
 def test_a_restart_leaves_a_spare_an_incident_brought_into_service_in_service(cluster):
     """Issue #29: `recovery stack up` on a running cluster (and a restart of it) drained every
     configured spare as standby, also one an incident had just brought into service."""
-    cluster.run("scontrol", "update", "NodeName=gpu-5", "Comment=recovery: spare for incident gpu-2-20261203T000000Z",
-                "State=RESUME")
+    cluster.run(
+        "scontrol",
+        "update",
+        "NodeName=gpu-5",
+        "Comment=recovery: spare for incident gpu-2-20261203T000000Z",
+        "State=RESUME",
+    )
     poll(lambda: cluster.nodes()["gpu-5"][0] == "idle", 30, "the claimed spare to be in service")
     try:
         cluster.stack.start_slurm()  # up again, on a running cluster

@@ -23,11 +23,15 @@ RECOVERY = str(Path(sys.executable).parent / "recovery")
 
 def recovery(temporal_env, *args: str, key: Path | None = None) -> subprocess.CompletedProcess:
     """The CLI as an operator runs it, signing with `key` (RECOVERY_OPERATOR_KEY_FILE)."""
-    env = {**os.environ, "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-           "TEMPORAL_NAMESPACE": temporal_env.client.namespace,
-           **({"RECOVERY_OPERATOR_KEY_FILE": str(key)} if key else {})}
-    return subprocess.run([RECOVERY, *args], capture_output=True, text=True, timeout=120, env=env,
-                          stdin=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+        "TEMPORAL_NAMESPACE": temporal_env.client.namespace,
+        **({"RECOVERY_OPERATOR_KEY_FILE": str(key)} if key else {}),
+    }
+    return subprocess.run(
+        [RECOVERY, *args], capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL
+    )
 
 
 def json_of(result: subprocess.CompletedProcess, code: int = 0):
@@ -36,7 +40,9 @@ def json_of(result: subprocess.CompletedProcess, code: int = 0):
 
 
 @pytest.mark.slurm
-async def test_an_operator_follows_and_approves_an_incident(temporal_env, local_stack, drill, recovery_worker, tmp_path):
+async def test_an_operator_follows_and_approves_an_incident(
+    temporal_env, local_stack, drill, recovery_worker, tmp_path
+):
     audit = tmp_path / "audit.jsonl"
     sink = configure_sink(audit)
     try:
@@ -64,13 +70,16 @@ async def follow_and_approve(temporal_env, local_stack, drill, tmp_path: Path, a
     for name in (ops, other):
         local_stack.ensure_operator_key(name)
     key = local_stack.operator_key_file_of
-    call = lambda *args, key=key(ops): asyncio.to_thread(recovery, temporal_env, *args, key=key)  # noqa: E731
+    call = lambda *args, key=key(ops): asyncio.to_thread(recovery, temporal_env, *args, key=key)  # noqa: E731, B008
     listed = json_of(await call("list", "--node", node, "--running", "--json"))
     assert [(r["incident_id"], r["phase"], r["xid"]) for r in listed] == [(incident_id, "approval_replacement", 79)]
 
     described = json_of(await call("describe", node, "--json"))
     assert (described["incident_id"], described["status"], described["phase"]) == (
-        incident_id, "RUNNING", "approval_replacement")
+        incident_id,
+        "RUNNING",
+        "approval_replacement",
+    )
     assert [p["phase"] for p in described["timeline"]][:3] == ["classify", "breaker", "drain"]
     assert described["incident"]["awaiting_approval"]["gate"] == "replacement"
 
@@ -85,16 +94,20 @@ async def follow_and_approve(temporal_env, local_stack, drill, tmp_path: Path, a
     new_key("mallory", unlisted)
     stranger = await call("approve", node, "--reason", "hello", "--actor", "mallory", key=unlisted / "mallory")
     assert stranger.returncode == 2 and "'mallory' is not among the worker's operators" in stranger.stderr
-    refusals = [json.loads(line) for line in audit.read_text().splitlines()
-                if json.loads(line)["action"] == "approve_refused"]
+    refusals = [
+        json.loads(line) for line in audit.read_text().splitlines() if json.loads(line)["action"] == "approve_refused"
+    ]
     assert [(r["actor"], r["actor_kind"], r["result"]) for r in refusals] == [
-        (ops, "unverified", "refused"), ("mallory", "unverified", "refused")]
+        (ops, "unverified", "refused"),
+        ("mallory", "unverified", "refused"),
+    ]
     assert (await run.handle.query(NodeRecoveryWorkflow.status)).decisions == []
 
     # Two operators answer at once: one approval counts, the other is refused and changes nothing.
     first, second = await asyncio.gather(
         call("approve", incident_id, "--reason", "spare checked", "--actor", ops, "--json"),
-        call("approve", node, "--reason", "me too", "--actor", other, "--json", key=key(other)))
+        call("approve", node, "--reason", "me too", "--actor", other, "--json", key=key(other)),
+    )
     accepted, refused = (first, second) if first.returncode == 0 else (second, first)
     approved = json_of(accepted)
     assert [d["kind"] for d in approved["decisions"]] == ["approve"]
@@ -118,8 +131,11 @@ async def follow_and_approve(temporal_env, local_stack, drill, tmp_path: Path, a
 
 
 async def test_an_unknown_incident_is_bad_input(temporal_env):
-    for args in (["describe", "gpu-nowhere"], ["report", "gpu-nowhere-20261130T001736Z"],
-                 ["deny", "gpu-nowhere", "--reason", "no"]):
+    for args in (
+        ["describe", "gpu-nowhere"],
+        ["report", "gpu-nowhere-20261130T001736Z"],
+        ["deny", "gpu-nowhere", "--reason", "no"],
+    ):
         result = await asyncio.to_thread(recovery, temporal_env, *args)
         assert result.returncode == 2, (args, result.stderr)
         assert "no incident gpu-nowhere" in result.stderr

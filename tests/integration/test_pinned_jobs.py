@@ -43,7 +43,8 @@ def actions(report, name: str):
 
 
 async def test_a_job_pinned_to_the_failed_node_resumes_with_that_node_taken_out_of_its_pin(
-        temporal_env, local_stack, slurm_cluster):
+    temporal_env, local_stack, slurm_cluster
+):
     async with fleet(temporal_env, local_stack, slurm_cluster) as f:
         job = await pinned_training(f.drill)
         kept, failed = job.nodes
@@ -59,7 +60,8 @@ async def test_a_job_pinned_to_the_failed_node_resumes_with_that_node_taken_out_
 
 
 async def test_with_pinned_jobs_left_the_incident_says_so_at_once_and_touches_no_job(
-        temporal_env, local_stack, slurm_cluster):
+    temporal_env, local_stack, slurm_cluster
+):
     async with fleet(temporal_env, local_stack, slurm_cluster, pinned_jobs="leave") as f:
         job = await pinned_training(f.drill)
         failed = job.nodes[-1]
@@ -69,7 +71,11 @@ async def test_with_pinned_jobs_left_the_incident_says_so_at_once_and_touches_no
         assert job_report.why_not == [f"not requeued: pinned to the failed node(s) {failed} (policy pinned_jobs=leave)"]
         [left] = actions(report, "requeue_job")
         assert "left as found (policy pinned_jobs=leave)" in left.detail, left
-        assert not actions(report, "requeue_hold") and not actions(report, "unpin_job") and not actions(report, "exclude_nodes")
+        assert (
+            not actions(report, "requeue_hold")
+            and not actions(report, "unpin_job")
+            and not actions(report, "exclude_nodes")
+        )
         verify = next(p for p in report.phases if p.name == "verify")
         deadline = f.settings.verify_deadline_seconds
         assert (verify.ended_at - verify.started_at).total_seconds() < deadline / 4, verify
@@ -92,9 +98,15 @@ async def test_a_verification_ends_at_once_when_slurm_says_the_job_can_never_sta
     jobs = JobActivities(slurm, CheckpointStore())
     requeue = RequeueResult(job_id=job.job_id, requeued_now=True, restart_count=job.restart_count + 1, actions=[])
     started = time.monotonic()
-    verification = await ActivityEnvironment().run(jobs.verify_restart, VerifyRequest(
-        snapshot=JobSnapshot(job=job, checkpoint_dir=None, latest_complete=None, progress=None),
-        failed_node=failed, requeue=requeue, deadline_seconds=600))
+    verification = await ActivityEnvironment().run(
+        jobs.verify_restart,
+        VerifyRequest(
+            snapshot=JobSnapshot(job=job, checkpoint_dir=None, latest_complete=None, progress=None),
+            failed_node=failed,
+            requeue=requeue,
+            deadline_seconds=600,
+        ),
+    )
     assert time.monotonic() - started < 60
     assert not verification.verified and "job is PENDING (BadConstraints), not RUNNING" in verification.why_not
     await slurm.run("scancel", str(job.job_id))

@@ -23,8 +23,11 @@ COMPUTE_NODE = "gpu-4"  # no drill job lands here while a test runs alone
 @pytest.fixture
 async def backends(slurm_cluster):
     cli = SlurmCli(slurm_conf=slurm_cluster["SLURM_CONF"], bin_dir=slurm_cluster.get("SLURM_BIN_DIR", ""))
-    rest = SlurmRest(slurm_cluster["SLURMRESTD_URL"], slurm_cluster["SLURMRESTD_USER"],
-                     TokenFile(Path(slurm_cluster["SLURMRESTD_TOKEN_FILE"])))
+    rest = SlurmRest(
+        slurm_cluster["SLURMRESTD_URL"],
+        slurm_cluster["SLURMRESTD_USER"],
+        TokenFile(Path(slurm_cluster["SLURMRESTD_TOKEN_FILE"])),
+    )
     await rest.discover()
     yield cli, rest, SlurmClient(cli, rest)
     await rest.aclose()
@@ -33,10 +36,13 @@ async def backends(slurm_cluster):
 @pytest.fixture
 async def openapi(slurm_cluster) -> dict:
     async with httpx.AsyncClient() as http:
-        resp = await http.get(f"{slurm_cluster['SLURMRESTD_URL']}/openapi/v3", headers={
-            "X-SLURM-USER-NAME": slurm_cluster["SLURMRESTD_USER"],
-            "X-SLURM-USER-TOKEN": Path(slurm_cluster["SLURMRESTD_TOKEN_FILE"]).read_text().strip(),
-        })
+        resp = await http.get(
+            f"{slurm_cluster['SLURMRESTD_URL']}/openapi/v3",
+            headers={
+                "X-SLURM-USER-NAME": slurm_cluster["SLURMRESTD_USER"],
+                "X-SLURM-USER-TOKEN": Path(slurm_cluster["SLURMRESTD_TOKEN_FILE"]).read_text().strip(),
+            },
+        )
         resp.raise_for_status()
         return resp.json()
 
@@ -49,8 +55,17 @@ async def test_rest_picks_the_newest_version_it_knows(backends, openapi):
 
 async def test_each_operation_takes_the_path_its_version_allows(backends):
     cli, rest, client = backends
-    for operation in ("get_node", "list_jobs", "get_job", "update_node", "signal_job", "requeue_hold",
-                      "set_excluded_nodes", "release_job", "set_node_comment"):
+    for operation in (
+        "get_node",
+        "list_jobs",
+        "get_job",
+        "update_node",
+        "signal_job",
+        "requeue_hold",
+        "set_excluded_nodes",
+        "release_job",
+        "set_node_comment",
+    ):
         expected = "rest" if operation in KNOWN_VERSIONS[rest.version] else "cli"
         assert client.path_for(operation) == expected, operation
     assert client.path_for("requeue_hold") == "cli"  # no slurmrestd version can requeue
@@ -203,14 +218,24 @@ async def test_a_node_reads_idle_as_soon_as_its_job_has_left(backends, local_sta
     cli, _, client = backends
     env = local_stack.slurm_cli_env(slurm_cluster)
     submitted = await asyncio.create_subprocess_exec(
-        "sbatch", "--parsable", f"--nodelist={COMPUTE_NODE}", "--ntasks=1", "--output=/dev/null",
-        "--wrap=sleep 300", env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        "sbatch",
+        "--parsable",
+        f"--nodelist={COMPUTE_NODE}",
+        "--ntasks=1",
+        "--output=/dev/null",
+        "--wrap=sleep 300",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await submitted.communicate()
     assert submitted.returncode == 0, err.decode()
     job_id = int(out.decode().split(";")[0])
     try:
+
         async def counted_busy():  # a full listing while the job runs: it counts the job's CPU
             return any(n.name == COMPUTE_NODE and n.state in ("mixed", "allocated") for n in await cli.list_nodes())
+
         await wait_async(counted_busy, 40, f"job {job_id} to run on {COMPUTE_NODE}")
     finally:
         cancel = await asyncio.create_subprocess_exec("scancel", str(job_id), env=env)
@@ -218,10 +243,12 @@ async def test_a_node_reads_idle_as_soon_as_its_job_has_left(backends, local_sta
 
     async def job_left():
         return not await client.jobs_on_node(COMPUTE_NODE)
+
     await wait_async(job_left, 40, f"job {job_id} to leave {COMPUTE_NODE}")
 
     async def idle():
         return (await client.get_node(COMPUTE_NODE)).state == "idle"
+
     await wait_async(idle, 10, f"{COMPUTE_NODE} to read idle with no job on it")
 
 
@@ -243,8 +270,10 @@ async def test_two_incidents_asking_at_once_for_the_last_spare_get_it_once(backe
         for attempt in range(3):
             await client.set_node_comment(spare, "")
             await client.update_node(spare, "DRAIN", f"recovery: {SPARE_STANDBY_REASON}")
-            first, second = await asyncio.gather(pool.request("gpu-1", [spare], incident(2 * attempt)),
-                                                 pool.request("gpu-2", [spare], incident(2 * attempt + 1)))
+            first, second = await asyncio.gather(
+                pool.request("gpu-1", [spare], incident(2 * attempt)),
+                pool.request("gpu-2", [spare], incident(2 * attempt + 1)),
+            )
             winners = [r for r in (first, second) if r.node == spare]
             assert len(winners) == 1, (attempt, first, second)
             [winner] = winners
@@ -252,8 +281,11 @@ async def test_two_incidents_asking_at_once_for_the_last_spare_get_it_once(backe
             assert loser.node is None and "no hot spare" in loser.detail
             node = await client.get_node(spare)
             assert not node.drained
-            winner_ctx, loser_ctx = ((incident(2 * attempt), incident(2 * attempt + 1)) if winner is first
-                                     else (incident(2 * attempt + 1), incident(2 * attempt)))
+            winner_ctx, loser_ctx = (
+                (incident(2 * attempt), incident(2 * attempt + 1))
+                if winner is first
+                else (incident(2 * attempt + 1), incident(2 * attempt))
+            )
             assert node.comment == HotSparePool.claim_comment(winner_ctx)
             # Nor does a retry of the loser's request take it, or a retry of the winner's take another.
             assert (await pool.request("gpu-2", [spare], loser_ctx)).node is None

@@ -37,30 +37,46 @@ async def test_two_incidents_on_two_workers_never_both_take_the_one_spare(tempor
     task_queue = f"spare-claims-{uuid.uuid4()}"
     # The budget lets both incidents under remediation at once (by default one node of the partition).
     # Neither failed node runs a job: the spare goes to an idle node's incident only when the policy says so.
-    settings = stack_settings(local_stack, slurm_cluster, task_queue, budget_partition_fraction=1.0,
-                              spare_for_idle_node=True)
+    settings = stack_settings(
+        local_stack, slurm_cluster, task_queue, budget_partition_fraction=1.0, spare_for_idle_node=True
+    )
     policy = settings.policy()
     (spare,) = policy.spare_nodes
     async with AsyncExitStack() as resources:
         proxy = await resources.enter_async_context(FaultProxy(settings.slurmrestd_url))
         held = proxy.inject("POST", rf"/node/{spare}$", delay=1.0, times=None)
         slurm = await build_slurm(settings.model_copy(update={"slurmrestd_url": proxy.url}), resources)
-        drill = Drill(temporal_env.client, dataclasses.replace(local_stack, task_queue=task_queue), slurm_cluster,
-                      policy, XidPolicyTable(settings.xid_policy_file))
+        drill = Drill(
+            temporal_env.client,
+            dataclasses.replace(local_stack, task_queue=task_queue),
+            slurm_cluster,
+            policy,
+            XidPolicyTable(settings.xid_policy_file),
+        )
         await drill.reset_cluster()
         resources.push_async_callback(drill.reset_cluster)
         for _ in range(2):  # two workers, each with a connection and a HotSparePool (and its lock) of its own
-            client = await Client.connect(temporal_env.client.service_client.config.target_host,
-                                          namespace=temporal_env.client.namespace,
-                                          data_converter=pydantic_data_converter)
+            client = await Client.connect(
+                temporal_env.client.service_client.config.target_host,
+                namespace=temporal_env.client.namespace,
+                data_converter=pydantic_data_converter,
+            )
             # One activity at a time each: while one worker's claim is held, the other claim can
             # only run on the other worker.
-            await resources.enter_async_context(build_worker(
-                client, task_queue, activities_for(settings, slurm, client), max_concurrent_activities=1))
-        handles = await asyncio.gather(*(
-            raise_alert(temporal_env.client, NodeFailureAlert(node=node, xid=79, source="test", actor="pytest",
-                                                              reason="two nodes lost at once"), task_queue, policy)
-            for node in FAILED))
+            await resources.enter_async_context(
+                build_worker(client, task_queue, activities_for(settings, slurm, client), max_concurrent_activities=1)
+            )
+        handles = await asyncio.gather(
+            *(
+                raise_alert(
+                    temporal_env.client,
+                    NodeFailureAlert(node=node, xid=79, source="test", actor="pytest", reason="two nodes lost at once"),
+                    task_queue,
+                    policy,
+                )
+                for node in FAILED
+            )
+        )
         reports = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 300)
         claimed = (await drill.slurm.get_node(spare)).comment
 

@@ -34,19 +34,32 @@ from observability.telemetry import tracing_provider
 from observability.tracing import IncidentTracingInterceptor
 from starter.alerts import raise_alert
 from starter.drill import DrillOptions
+from worker import activities_for, build_slurm, build_worker
 from workflows.job_recovery import job_recovery_workflow_id
 from workflows.node_recovery import incident_workflow_id
 from workflows.spare_claim import spare_claim_workflow_id
-from worker import activities_for, build_slurm, build_worker
 
 REPO = Path(__file__).resolve().parents[2]
 # In the incident's trace: the worker's policy read at its start, its own activities, the fleet
 # budget's lease and the audit line of its outcome (a local activity). The budget's own workflow
 # has a trace of its own, and so has the job's recovery (the requeue and the verification), which
 # the incidents on the job's nodes share. No quarantined_among: the lease's answer says which spares are lemons.
-ACTIVITIES_OF_A_FATAL_XID = {"incident_policy", "classify_fault", "drain_node", "find_jobs", "fence_scope", "request_lease",
-                             "signal_job", "join_job_recovery", "mark_node_down", "request_replacement",
-                             "wait_for_spare", "ask_job_verification", "record_incident", "write_audit"}
+ACTIVITIES_OF_A_FATAL_XID = {
+    "incident_policy",
+    "classify_fault",
+    "drain_node",
+    "find_jobs",
+    "fence_scope",
+    "request_lease",
+    "signal_job",
+    "join_job_recovery",
+    "mark_node_down",
+    "request_replacement",
+    "wait_for_spare",
+    "ask_job_verification",
+    "record_incident",
+    "write_audit",
+}
 ACTIVITIES_OF_A_JOB_RECOVERY = {"requeue_job", "verify_restart"}
 
 
@@ -74,8 +87,12 @@ async def traced_worker(temporal_env, settings, spans, metric_reader):
     metrics = RecoveryMetrics(MeterProvider(metric_readers=[metric_reader]).get_meter("test"))
     async with AsyncExitStack() as stack:
         slurm = await build_slurm(settings, stack)
-        async with build_worker(temporal_env.client, settings.task_queue, activities_for(settings, slurm, temporal_env.client, metrics),
-                                interceptors=[IncidentTracingInterceptor()]):
+        async with build_worker(
+            temporal_env.client,
+            settings.task_queue,
+            activities_for(settings, slurm, temporal_env.client, metrics),
+            interceptors=[IncidentTracingInterceptor()],
+        ):
             yield
 
 
@@ -114,10 +131,14 @@ async def test_a_drill_is_one_trace_and_its_metrics_match_its_report(drill, trac
     by_id = {s.context.span_id: s for s in incident}
     ran = {s.name.removeprefix("RunActivity:") for s in incident + claim if s.name.startswith("RunActivity:")}
     assert ran == ACTIVITIES_OF_A_FATAL_XID
-    job_recovery = [s for s in finished
-                    if s.attributes.get("temporalWorkflowID") == job_recovery_workflow_id(drill.stack.task_queue, result.job_id)]
-    assert {s.name.removeprefix("RunActivity:") for s in job_recovery
-            if s.name.startswith("RunActivity:")} == ACTIVITIES_OF_A_JOB_RECOVERY
+    job_recovery = [
+        s
+        for s in finished
+        if s.attributes.get("temporalWorkflowID") == job_recovery_workflow_id(drill.stack.task_queue, result.job_id)
+    ]
+    assert {
+        s.name.removeprefix("RunActivity:") for s in job_recovery if s.name.startswith("RunActivity:")
+    } == ACTIVITIES_OF_A_JOB_RECOVERY
     assert len({s.context.trace_id for s in job_recovery}) == 1
     assert not {s.context.trace_id for s in job_recovery} & {s.context.trace_id for s in incident}
     for span in incident:
@@ -126,7 +147,8 @@ async def test_a_drill_is_one_trace_and_its_metrics_match_its_report(drill, trac
             assert parent.name == span.name.replace("Run", "Start", 1) and parent.parent.span_id == root.context.span_id
     # the workflow span lasts the incident: from before the first activity to after the last
     assert root.start_time <= min(s.start_time for s in incident) and root.end_time >= max(
-        s.end_time for s in incident if s is not root)
+        s.end_time for s in incident if s is not root
+    )
 
     found = points(metric_reader)
     labels = {"xid": 79, "fault_class": "fatal", "outcome": "recovered"}
@@ -138,10 +160,12 @@ async def test_a_drill_is_one_trace_and_its_metrics_match_its_report(drill, trac
     for phase in ran_phases:
         assert durations[phase.name].count == 1
         assert durations[phase.name].sum == pytest.approx((phase.ended_at - phase.started_at).total_seconds())
-    for name, value in (("recovery.time_to_resume", report.time_to_resume_seconds),
-                        ("recovery.replacement.duration", report.replacement_seconds),
-                        ("recovery.lost.steps", report.lost_steps),
-                        ("recovery.lost.training_time", report.lost_seconds)):
+    for name, value in (
+        ("recovery.time_to_resume", report.time_to_resume_seconds),
+        ("recovery.replacement.duration", report.replacement_seconds),
+        ("recovery.lost.steps", report.lost_steps),
+        ("recovery.lost.training_time", report.lost_seconds),
+    ):
         [point] = found[name]
         assert (dict(point.attributes), point.count, point.sum) == (labels, 1, pytest.approx(value)), name
 
@@ -204,16 +228,22 @@ async def test_the_worker_exports_over_otlp_and_serves_sdk_metrics(temporal_env,
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     prometheus = f"127.0.0.1:{free_port()}"
     task_queue = f"otlp-{uuid.uuid4()}"
-    env = {**os.environ, "PYTHONPATH": str(REPO),
-           "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-           "RECOVERY_TASK_QUEUE": task_queue, "RECOVERY_PROMETHEUS_ADDRESS": prometheus,
-           "RECOVERY_WORKFLOW_TASK_SLOTS": "12",
-           "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_port}",
-           "OTEL_METRIC_EXPORT_INTERVAL": "500", "OTEL_BSP_SCHEDULE_DELAY": "200",
-           "OTEL_SERVICE_NAME": "recovery-under-test"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+        "RECOVERY_TASK_QUEUE": task_queue,
+        "RECOVERY_PROMETHEUS_ADDRESS": prometheus,
+        "RECOVERY_WORKFLOW_TASK_SLOTS": "12",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_port}",
+        "OTEL_METRIC_EXPORT_INTERVAL": "500",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+        "OTEL_SERVICE_NAME": "recovery-under-test",
+    }
     with open(tmp_path / "worker.log", "wb") as log:
-        worker = subprocess.Popen([sys.executable, str(REPO / "worker.py")], env=env, stdout=log,
-                                  stderr=subprocess.STDOUT, cwd=REPO)
+        worker = subprocess.Popen(
+            [sys.executable, str(REPO / "worker.py")], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO
+        )
     try:
         alert = NodeFailureAlert(node=f"otlp-{uuid.uuid4().hex[:8]}", xid=13, source="test", actor="pytest")
         handle = await raise_alert(temporal_env.client, alert, task_queue, RecoveryPolicy())
@@ -229,24 +259,37 @@ async def test_the_worker_exports_over_otlp_and_serves_sdk_metrics(temporal_env,
                     names |= {f"{service} {span.name}" for scope in resource.scope_spans for span in scope.spans}
             return names
 
-        exported = await wait_for(lambda: "recovery-under-test RunWorkflow:NodeRecoveryWorkflow" in span_names()
-                                  and span_names(), 20, "the incident's trace")
-        assert {"recovery-under-test RunActivity:classify_fault",
-                "recovery-under-test RunActivity:record_incident"} <= exported
+        exported = await wait_for(
+            lambda: "recovery-under-test RunWorkflow:NodeRecoveryWorkflow" in span_names() and span_names(),
+            20,
+            "the incident's trace",
+        )
+        assert {
+            "recovery-under-test RunActivity:classify_fault",
+            "recovery-under-test RunActivity:record_incident",
+        } <= exported
 
         def incidents_counted() -> list:
             found = []
             for body in receiver.received("/v1/metrics"):
                 request = ExportMetricsServiceRequest.FromString(body)
-                found += [point for resource in request.resource_metrics for scope in resource.scope_metrics
-                          for metric in scope.metrics if metric.name == "recovery.incidents"
-                          for point in metric.sum.data_points]
+                found += [
+                    point
+                    for resource in request.resource_metrics
+                    for scope in resource.scope_metrics
+                    for metric in scope.metrics
+                    if metric.name == "recovery.incidents"
+                    for point in metric.sum.data_points
+                ]
             return found
 
         [counted, *_] = await wait_for(incidents_counted, 20, "the incident metric")
         attributes = {a.key: a.value for a in counted.attributes}
         assert (attributes["xid"].int_value, attributes["outcome"].string_value, counted.as_int) == (
-            13, "no_node_action", 1)
+            13,
+            "no_node_action",
+            1,
+        )
 
         def sdk_metrics() -> str:
             try:
@@ -254,12 +297,18 @@ async def test_the_worker_exports_over_otlp_and_serves_sdk_metrics(temporal_env,
             except httpx.HTTPError:
                 return ""
 
-        text = await wait_for(lambda: "temporal_workflow_completed" in sdk_metrics() and sdk_metrics(), 20,
-                              "the SDK's metrics on Prometheus")
+        text = await wait_for(
+            lambda: "temporal_workflow_completed" in sdk_metrics() and sdk_metrics(),
+            20,
+            "the SDK's metrics on Prometheus",
+        )
         assert f'task_queue="{task_queue}"' in text
         # The worker takes as many workflow tasks at once as configured (the SDK's default is 100).
-        workflow_slots = [line for line in text.splitlines()
-                          if line.startswith("temporal_worker_task_slots_available{") and 'worker_type="WorkflowWorker"' in line]
+        workflow_slots = [
+            line
+            for line in text.splitlines()
+            if line.startswith("temporal_worker_task_slots_available{") and 'worker_type="WorkflowWorker"' in line
+        ]
         assert [float(line.rsplit(" ", 1)[1]) for line in workflow_slots] == [12], text
     finally:
         worker.send_signal(signal.SIGTERM)

@@ -37,16 +37,51 @@ def _certificate(directory: Path, name: str, issuer: str | None, extensions: str
     """`name`.pem and `name`.key: self-signed when there is no issuer, else signed by `issuer`."""
     key, pem, ext = directory / f"{name}.key", directory / f"{name}.pem", directory / f"{name}.ext"
     ext.write_text(extensions + "\n")
-    new_key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key,
-               "-subj", f"/CN={name}"]
+    new_key = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        key,
+        "-subj",
+        f"/CN={name}",
+    ]
     if issuer is None:
-        _openssl("req", "-x509", *new_key, "-out", pem, "-days", "2", "-extensions", "v3", "-config",
-                 _config_with(directory, ext))
+        _openssl(
+            "req",
+            "-x509",
+            *new_key,
+            "-out",
+            pem,
+            "-days",
+            "2",
+            "-extensions",
+            "v3",
+            "-config",
+            _config_with(directory, ext),
+        )
         return
     csr = directory / f"{name}.csr"
     _openssl("req", *new_key, "-out", csr)
-    _openssl("x509", "-req", "-in", csr, "-CA", directory / f"{issuer}.pem", "-CAkey", directory / f"{issuer}.key",
-             "-CAcreateserial", "-out", pem, "-days", "2", "-extfile", ext)
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        csr,
+        "-CA",
+        directory / f"{issuer}.pem",
+        "-CAkey",
+        directory / f"{issuer}.key",
+        "-CAcreateserial",
+        "-out",
+        pem,
+        "-days",
+        "2",
+        "-extfile",
+        ext,
+    )
 
 
 def _config_with(directory: Path, ext: Path) -> Path:
@@ -97,8 +132,11 @@ class TcpProxy:
         self.sent.append(sent)
         upstream_reader, upstream_writer = await asyncio.open_connection(self._upstream_host, self._upstream_port)
         try:
-            await asyncio.gather(_pipe(client_reader, upstream_writer, sent), _pipe(upstream_reader, client_writer),
-                                 return_exceptions=True)  # a peer that resets ends the relay, nothing more
+            await asyncio.gather(
+                _pipe(client_reader, upstream_writer, sent),
+                _pipe(upstream_reader, client_writer),
+                return_exceptions=True,
+            )  # a peer that resets ends the relay, nothing more
         finally:
             for writer in (upstream_writer, client_writer):
                 writer.close()
@@ -127,15 +165,15 @@ def http2_request_headers(sent: bytes) -> list[dict[str, str]]:
     assert sent.startswith(PREFACE), f"not HTTP/2 in the clear: {sent[:24]!r}"
     decoder, requests, block, at = hpack.Decoder(), [], b"", len(PREFACE)
     while at + 9 <= len(sent):
-        length, kind, flags = int.from_bytes(sent[at:at + 3], "big"), sent[at + 3], sent[at + 4]
-        payload = sent[at + 9:at + 9 + length]
+        length, kind, flags = int.from_bytes(sent[at : at + 3], "big"), sent[at + 3], sent[at + 4]
+        payload = sent[at + 9 : at + 9 + length]
         if len(payload) < length:
             break  # a frame still in flight
         at += 9 + length
         if kind == HEADERS:
             padding = payload[0] if flags & PADDED else 0
             start = (1 if flags & PADDED else 0) + (5 if flags & PRIORITY else 0)
-            block = payload[start:len(payload) - padding]
+            block = payload[start : len(payload) - padding]
         elif kind == CONTINUATION:
             block += payload
         else:
@@ -162,7 +200,9 @@ def _dev_server(temporal_env) -> str:
 
 @pytest.fixture
 async def mtls_proxy(temporal_env, certificates):
-    async with TcpProxy(_dev_server(temporal_env), _server_context(certificates, client_certificate_required=True)) as proxy:
+    async with TcpProxy(
+        _dev_server(temporal_env), _server_context(certificates, client_certificate_required=True)
+    ) as proxy:
         yield proxy
 
 
@@ -173,8 +213,13 @@ async def plain_proxy(temporal_env):
 
 
 def _mtls_settings(certificates: Path, **changes) -> dict[str, object]:
-    return {"temporal_tls_ca": certificates / "ca.pem", "temporal_tls_cert": certificates / "client.pem",
-            "temporal_tls_key": certificates / "client.key", "temporal_tls_server_name": SERVER_NAME, **changes}
+    return {
+        "temporal_tls_ca": certificates / "ca.pem",
+        "temporal_tls_cert": certificates / "client.pem",
+        "temporal_tls_key": certificates / "client.key",
+        "temporal_tls_server_name": SERVER_NAME,
+        **changes,
+    }
 
 
 @activity.defn(name="tls_greeting")
@@ -190,29 +235,43 @@ class TlsGreeting:
 
 
 async def test_a_worker_and_a_client_run_a_workflow_over_mutual_tls(temporal_env, certificates, mtls_proxy):
-    settings = load_settings(TEMPORAL_ADDRESS=mtls_proxy.address, TEMPORAL_NAMESPACE=temporal_env.client.namespace,
-                             **_mtls_settings(certificates))
+    settings = load_settings(
+        TEMPORAL_ADDRESS=mtls_proxy.address,
+        TEMPORAL_NAMESPACE=temporal_env.client.namespace,
+        **_mtls_settings(certificates),
+    )
     client = await connect(settings, attempts=1)
     task_queue = f"tls-{uuid.uuid4().hex[:8]}"
     async with Worker(client, task_queue=task_queue, workflows=[TlsGreeting], activities=[tls_greeting]):
-        result = await client.execute_workflow(TlsGreeting.run, "gpu-2", id=f"tls-{uuid.uuid4().hex}",
-                                               task_queue=task_queue, execution_timeout=timedelta(seconds=60))
+        result = await client.execute_workflow(
+            TlsGreeting.run,
+            "gpu-2",
+            id=f"tls-{uuid.uuid4().hex}",
+            task_queue=task_queue,
+            execution_timeout=timedelta(seconds=60),
+        )
     assert result == "hello gpu-2"
     paths = {headers[":path"] for headers in mtls_proxy.request_headers()}
-    assert {"/temporal.api.workflowservice.v1.WorkflowService/PollWorkflowTaskQueue",
-            "/temporal.api.workflowservice.v1.WorkflowService/PollActivityTaskQueue",
-            "/temporal.api.workflowservice.v1.WorkflowService/StartWorkflowExecution"} <= paths
+    assert {
+        "/temporal.api.workflowservice.v1.WorkflowService/PollWorkflowTaskQueue",
+        "/temporal.api.workflowservice.v1.WorkflowService/PollActivityTaskQueue",
+        "/temporal.api.workflowservice.v1.WorkflowService/StartWorkflowExecution",
+    } <= paths
 
 
-@pytest.mark.parametrize("changes, refusal", [
-    # The server's certificate is not trusted; 127.0.0.1 is not a name in it; the proxy requires a
-    # client certificate (the server just hangs up: the error says none was offered).
-    ({"temporal_tls_ca": "other-ca.pem"}, ["CA ", "other-ca.pem, client certificate", "UnknownIssuer"]),
-    ({"temporal_tls_server_name": None}, ["InvalidCertificate(NotValidForName"]),
-    ({"temporal_tls_cert": None, "temporal_tls_key": None}, [f"ca.pem, server name {SERVER_NAME}): "]),
-])
-async def test_a_connection_the_certificates_do_not_allow_is_refused(temporal_env, certificates, mtls_proxy,
-                                                                    changes, refusal):
+@pytest.mark.parametrize(
+    "changes, refusal",
+    [
+        # The server's certificate is not trusted; 127.0.0.1 is not a name in it; the proxy requires a
+        # client certificate (the server just hangs up: the error says none was offered).
+        ({"temporal_tls_ca": "other-ca.pem"}, ["CA ", "other-ca.pem, client certificate", "UnknownIssuer"]),
+        ({"temporal_tls_server_name": None}, ["InvalidCertificate(NotValidForName"]),
+        ({"temporal_tls_cert": None, "temporal_tls_key": None}, [f"ca.pem, server name {SERVER_NAME}): "]),
+    ],
+)
+async def test_a_connection_the_certificates_do_not_allow_is_refused(
+    temporal_env, certificates, mtls_proxy, changes, refusal
+):
     changes = {name: certificates / value if isinstance(value, str) else value for name, value in changes.items()}
     settings = load_settings(TEMPORAL_ADDRESS=mtls_proxy.address, **_mtls_settings(certificates, **changes))
     with pytest.raises(RuntimeError) as refused:
@@ -223,15 +282,20 @@ async def test_a_connection_the_certificates_do_not_allow_is_refused(temporal_en
 
 def _recovery_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("RECOVERY_TEMPORAL_", "TEMPORAL_"))}
-    return subprocess.run([RECOVERY, *args], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-                          env={**clean, **env})
+    return subprocess.run(
+        [RECOVERY, *args], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, env={**clean, **env}
+    )
 
 
 async def test_the_cli_connects_over_mutual_tls_and_sends_the_api_key_as_a_bearer_token(
-        temporal_env, certificates, mtls_proxy):
-    env = {"TEMPORAL_ADDRESS": mtls_proxy.address, "TEMPORAL_NAMESPACE": temporal_env.client.namespace,
-           "RECOVERY_TEMPORAL_API_KEY": API_KEY,
-           **{f"RECOVERY_{name.upper()}": str(value) for name, value in _mtls_settings(certificates).items()}}
+    temporal_env, certificates, mtls_proxy
+):
+    env = {
+        "TEMPORAL_ADDRESS": mtls_proxy.address,
+        "TEMPORAL_NAMESPACE": temporal_env.client.namespace,
+        "RECOVERY_TEMPORAL_API_KEY": API_KEY,
+        **{f"RECOVERY_{name.upper()}": str(value) for name, value in _mtls_settings(certificates).items()},
+    }
     listed = await asyncio.to_thread(_recovery_cli, "list", "--limit", "1", "--json", env=env)
     assert listed.returncode == 0, listed.stdout + listed.stderr
     requests = [h for h in mtls_proxy.request_headers() if h[":path"].startswith("/temporal.api.workflowservice.")]

@@ -79,13 +79,24 @@ def action(name: str) -> ActionRecord:
 class StandIns:
     """Activities that answer like a healthy cluster; each test changes what it needs."""
 
-    def __init__(self, fault_class: FaultClass, checkpoint_arrives: bool = True, spare: str | None = "gpu-5",
-                 verified: bool = True, unknown_node: bool = False, earlier_application_incidents: int = 0,
-                 idle_node: bool = False,
-                 classify: Callable[[NodeFailureAlert], Awaitable[FaultClassification]] | None = None,
-                 count_application_incidents: Callable[[ApplicationXidCountRequest], Awaitable[int]] | None = None):
+    def __init__(
+        self,
+        fault_class: FaultClass,
+        checkpoint_arrives: bool = True,
+        spare: str | None = "gpu-5",
+        verified: bool = True,
+        unknown_node: bool = False,
+        earlier_application_incidents: int = 0,
+        idle_node: bool = False,
+        classify: Callable[[NodeFailureAlert], Awaitable[FaultClassification]] | None = None,
+        count_application_incidents: Callable[[ApplicationXidCountRequest], Awaitable[int]] | None = None,
+    ):
         self.fault_class, self.checkpoint_arrives, self.spare, self.verified = (
-            fault_class, checkpoint_arrives, spare, verified)
+            fault_class,
+            checkpoint_arrives,
+            spare,
+            verified,
+        )
         self.unknown_node, self.idle_node = unknown_node, idle_node
         self.earlier_application_incidents = earlier_application_incidents
         self.real_classify, self.real_count = classify, count_application_incidents
@@ -108,12 +119,14 @@ class StandIns:
 
         async def fence(req: NodeRequest, name: str) -> NodeFenceResult:
             if self.unknown_node:
-                raise ApplicationError(f"node {req.node} is not in this cluster", type="SlurmNotFound",
-                                       non_retryable=True)
+                raise ApplicationError(
+                    f"node {req.node} is not in this cluster", type="SlurmNotFound", non_retryable=True
+                )
             self.calls.append(name)
             node = SlurmNode(name=req.node, state="idle", flags=["DRAIN"])
-            return NodeFenceResult(node=req.node, before=node, after=node, changed=True,
-                                   owned_by_other=False, action=action(name))
+            return NodeFenceResult(
+                node=req.node, before=node, after=node, changed=True, owned_by_other=False, action=action(name)
+            )
 
         @activity.defn(name="drain_node")
         async def drain_node(req: NodeRequest) -> NodeFenceResult:
@@ -134,7 +147,11 @@ class StandIns:
 
         @activity.defn(name="find_jobs")
         async def find_jobs(node: str) -> list[JobSnapshot]:
-            return [] if self.idle_node else [JobSnapshot(job=JOB, checkpoint_dir="/ckpt/42", latest_complete=CHECKPOINT, progress=None)]
+            return (
+                []
+                if self.idle_node
+                else [JobSnapshot(job=JOB, checkpoint_dir="/ckpt/42", latest_complete=CHECKPOINT, progress=None)]
+            )
 
         @activity.defn(name="signal_job")
         async def signal_job(req: SignalRequest) -> ActionRecord:
@@ -147,14 +164,20 @@ class StandIns:
                 newer = CHECKPOINT.model_copy(update={"step": 23, "checkpoint_id": "step-000000023"})
                 return CheckpointWaitResult(job_id=req.job_id, new_checkpoint=newer, waited_seconds=0.2)
             self.checkpoint_looks += 1
-            raise ApplicationError("no new checkpoint yet", type="NoNewCheckpointYet",
-                                   category=ApplicationErrorCategory.BENIGN)
+            raise ApplicationError(
+                "no new checkpoint yet", type="NoNewCheckpointYet", category=ApplicationErrorCategory.BENIGN
+            )
 
         @activity.defn(name="requeue_job")
         async def requeue_job(req: RequeueRequest) -> RequeueResult:
             self.calls.append("requeue_job")
-            return RequeueResult(job_id=req.job.job_id, requeued_now=True, restart_count=1,
-                                 latest_complete_at_stop=CHECKPOINT, actions=[action("requeue_hold")])
+            return RequeueResult(
+                job_id=req.job.job_id,
+                requeued_now=True,
+                restart_count=1,
+                latest_complete_at_stop=CHECKPOINT,
+                actions=[action("requeue_hold")],
+            )
 
         @activity.defn(name="request_replacement")
         async def request_replacement(req: ReplacementRequest) -> ReplacementResult:
@@ -168,19 +191,39 @@ class StandIns:
         @activity.defn(name="verify_restart")
         async def verify_restart(req: VerifyRequest) -> JobVerification:
             self.calls.append("verify_restart")
-            return JobVerification(job_id=req.snapshot.job.job_id, verified=self.verified,
-                                   why_not=[] if self.verified else ["job is PENDING (Resources), not RUNNING"],
-                                   restart_count_before=0, restart_count_after=1,
-                                   nodes_before=JOB.nodes, nodes_after=["gpu-1", "gpu-3"])
+            return JobVerification(
+                job_id=req.snapshot.job.job_id,
+                verified=self.verified,
+                why_not=[] if self.verified else ["job is PENDING (Resources), not RUNNING"],
+                restart_count_before=0,
+                restart_count_after=1,
+                nodes_before=JOB.nodes,
+                nodes_after=["gpu-1", "gpu-3"],
+            )
 
         # write_audit and verify_decision are the real ones: the incident's decisions go to the audit
         # log, and an operator's is verified against an operator list, as in production.
         verify_decision = OperatorActivities(OperatorKeys(operators().operator_keys_file)).verify_decision
         # The incident's policy is the one each test starts it with (as on a drill's worker).
         incident_policy = PolicyActivities(RecoveryPolicy(), accept_starter_policy=True).incident_policy
-        return [classify_fault, count_application_incidents, record_incident, return_to_service, drain_node, mark_node_down, find_jobs, signal_job, wait_for_checkpoint,
-                requeue_job, request_replacement, wait_for_spare, verify_restart, write_audit, verify_decision,
-                incident_policy]
+        return [
+            classify_fault,
+            count_application_incidents,
+            record_incident,
+            return_to_service,
+            drain_node,
+            mark_node_down,
+            find_jobs,
+            signal_job,
+            wait_for_checkpoint,
+            requeue_job,
+            request_replacement,
+            wait_for_spare,
+            verify_restart,
+            write_audit,
+            verify_decision,
+            incident_policy,
+        ]
 
 
 @functools.cache
@@ -192,19 +235,35 @@ def operators() -> LocalStack:
 
 
 @asynccontextmanager
-async def incident(env, stand_ins: StandIns, xid: int, grace: float = 600.0, *, node: str = "gpu-2",
-                   gpu: str | None = None, message: str = "", alert: NodeFailureAlert | None = None, **policy):
+async def incident(
+    env,
+    stand_ins: StandIns,
+    xid: int,
+    grace: float = 600.0,
+    *,
+    node: str = "gpu-2",
+    gpu: str | None = None,
+    message: str = "",
+    alert: NodeFailureAlert | None = None,
+    **policy,
+):
     """A started incident on a worker of its own (of alert, or one made of xid, node, gpu and
     message); yields its workflow handle."""
     task_queue = f"decisions-{uuid.uuid4()}"
-    async with Worker(env.client, task_queue=task_queue,
-                      workflows=[NodeRecoveryWorkflow, ReturnToServiceWorkflow, SpareClaimWorkflow, JobRecoveryWorkflow],
-                      activities=[*stand_ins.activities(), *JobRecoveryActivities(env.client, task_queue).all()]):
+    async with Worker(
+        env.client,
+        task_queue=task_queue,
+        workflows=[NodeRecoveryWorkflow, ReturnToServiceWorkflow, SpareClaimWorkflow, JobRecoveryWorkflow],
+        activities=[*stand_ins.activities(), *JobRecoveryActivities(env.client, task_queue).all()],
+    ):
         alert = alert or NodeFailureAlert(node=node, xid=xid, gpu=gpu, message=message, source="test", actor="pytest")
         # The time-skipping test server cannot register search attributes; the fleet budget's
         # part in an incident is tested on the real stack (test_incident_safety.py).
-        policy = RecoveryPolicy(degrading_grace_seconds=grace, spare_nodes=["gpu-5"],
-                                **{"search_attributes": False, "fleet_budget": False, **policy})
+        policy = RecoveryPolicy(
+            degrading_grace_seconds=grace,
+            spare_nodes=["gpu-5"],
+            **{"search_attributes": False, "fleet_budget": False, **policy},
+        )
         handle = await raise_alert(env.client, alert, task_queue, policy)
         yield handle
         if (await handle.describe()).status == WorkflowExecutionStatus.TERMINATED:
@@ -265,8 +324,8 @@ async def test_an_idle_node_keeps_the_hot_spare_on_standby(time_skipping_env):
     report = await run_incident(time_skipping_env, stand_ins, xid=79)
     assert report.outcome == "recovered" and report.spare_node is None
     assert phase(report, "request_replacement").result == (
-        "skipped: no job was on gpu-2: the hot spares stay on standby for a job to resume "
-        "(spare_for_idle_node is off)")
+        "skipped: no job was on gpu-2: the hot spares stay on standby for a job to resume (spare_for_idle_node is off)"
+    )
     assert "request_replacement" not in stand_ins.calls and "mark_node_down" in stand_ins.calls
 
 
@@ -321,8 +380,9 @@ async def test_an_unanswered_gate_takes_the_safe_default(time_skipping_env):
     """Nobody answers within the policy's deadline: stay drained, kill nothing, and say so. (A
     short deadline in real time: the test server's time skipping hung here now and then.)"""
     stand_ins = StandIns(FaultClass.FATAL)
-    report = await run_incident(time_skipping_env, stand_ins, xid=79, approval_required=["requeue"],
-                                approval_timeout_seconds=2)
+    report = await run_incident(
+        time_skipping_env, stand_ins, xid=79, approval_required=["requeue"], approval_timeout_seconds=2
+    )
     assert report.outcome.startswith("denied: requeue (policy: no answer within 2 s: deny by default)")
     assert "requeue_job" not in stand_ins.calls and "mark_node_down" not in stand_ins.calls
     assert stand_ins.calls == ["drain_node", "signal_job USR1"]
@@ -340,7 +400,11 @@ async def test_an_approved_requeue_goes_ahead_and_records_who_and_why(time_skipp
         assert "requeue_job" not in stand_ins.calls  # nothing destructive before the answer
         after = await decided(handle, "approve")
         assert after.decisions[-1].model_dump(include={"kind", "gate", "actor", "reason"}) == {
-            "kind": "approve", "gate": "requeue", "actor": "alice", "reason": REASON}
+            "kind": "approve",
+            "gate": "requeue",
+            "actor": "alice",
+            "reason": REASON,
+        }
         assert after.decisions[-1].verified_by.startswith("SHA256:")
         report = await handle.result()
     assert report.outcome == "recovered"
@@ -359,8 +423,9 @@ async def test_a_denied_replacement_is_skipped_and_reported(time_skipping_env):
 
 async def test_small_jobs_pass_the_requeue_gate_without_asking(time_skipping_env):
     """The gate is for jobs above a size: the 2-node job is below a 4-node threshold."""
-    report = await run_incident(time_skipping_env, StandIns(FaultClass.FATAL), xid=79,
-                                approval_required=["requeue"], approval_min_job_nodes=4)
+    report = await run_incident(
+        time_skipping_env, StandIns(FaultClass.FATAL), xid=79, approval_required=["requeue"], approval_min_job_nodes=4
+    )
     assert report.outcome == "recovered" and report.decisions == []
 
 
@@ -371,8 +436,9 @@ async def test_approval_is_refused_when_nothing_awaits_it(time_skipping_env):
         # Signed for a gate the incident has not reached: refused by the validator, before any check.
         alice = operators().operator_signer("alice")
         run_id = (await handle.describe()).run_id
-        early = OperatorDecision(actor="alice", reason=REASON,
-                                 signature=alice.sign("approve", handle.id, run_id, "replacement", REASON))
+        early = OperatorDecision(
+            actor="alice", reason=REASON, signature=alice.sign("approve", handle.id, run_id, "replacement", REASON)
+        )
         with pytest.raises(WorkflowUpdateFailedError) as refused:
             await handle.execute_update(NodeRecoveryWorkflow.approve, early)
         assert "awaits no approval" in str(refused.value.cause)
@@ -391,20 +457,33 @@ async def test_an_unverified_decision_is_refused_audited_and_changes_nothing(tim
     stranger = LocalStack(state_dir=tmp_path / "stranger").operator_signer("alice")  # alice's name, not her key
     alice = operators().operator_signer("alice")
     try:
-        async with incident(time_skipping_env, StandIns(FaultClass.FATAL), xid=79,
-                            approval_required=["requeue"]) as handle:
+        async with incident(
+            time_skipping_env, StandIns(FaultClass.FATAL), xid=79, approval_required=["requeue"]
+        ) as handle:
             await until_awaiting(handle, "requeue")
             run_id = (await handle.describe()).run_id
             attempts = {
                 "not signed": OperatorDecision(actor="alice", reason=REASON),
-                "does not verify": OperatorDecision(actor="alice", reason=REASON, signature=stranger.sign(
-                    "approve", handle.id, run_id, "requeue", REASON)),
-                "at requeue": OperatorDecision(actor="alice", reason=REASON, signature=alice.sign(
-                    "approve", handle.id, run_id, "replacement", REASON)),  # another gate's
-                "(run": OperatorDecision(actor="alice", reason=REASON, signature=alice.sign(
-                    "approve", handle.id, "another-run", "requeue", REASON)),
-                "is not among": OperatorDecision(actor="mallory", reason=REASON, signature=alice.sign(
-                    "approve", handle.id, run_id, "requeue", REASON)),
+                "does not verify": OperatorDecision(
+                    actor="alice",
+                    reason=REASON,
+                    signature=stranger.sign("approve", handle.id, run_id, "requeue", REASON),
+                ),
+                "at requeue": OperatorDecision(
+                    actor="alice",
+                    reason=REASON,
+                    signature=alice.sign("approve", handle.id, run_id, "replacement", REASON),
+                ),  # another gate's
+                "(run": OperatorDecision(
+                    actor="alice",
+                    reason=REASON,
+                    signature=alice.sign("approve", handle.id, "another-run", "requeue", REASON),
+                ),
+                "is not among": OperatorDecision(
+                    actor="mallory",
+                    reason=REASON,
+                    signature=alice.sign("approve", handle.id, run_id, "requeue", REASON),
+                ),
             }
             for why, decision in attempts.items():
                 with pytest.raises(WorkflowUpdateFailedError) as refused:
@@ -418,7 +497,9 @@ async def test_an_unverified_decision_is_refused_audited_and_changes_nothing(tim
         remove_sink(sink)
     assert report.outcome == "recovered" and [d.actor for d in report.decisions] == ["alice"]
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
-    refusals = [(line["actor"], line["actor_kind"], line["result"]) for line in lines if line["action"] == "approve_refused"]
+    refusals = [
+        (line["actor"], line["actor_kind"], line["result"]) for line in lines if line["action"] == "approve_refused"
+    ]
     assert refusals == [("alice", "unverified", "refused")] * 4 + [("mallory", "unverified", "refused")]
     [approved] = [line for line in lines if line["action"] == "approve_requeue"]
     assert approved["actor_kind"] == "operator" and approved["parameters"]["verified_by"].startswith("SHA256:")
@@ -451,8 +532,7 @@ async def until_status(handle, ready):
 async def test_repeated_application_xids_on_one_gpu_drain_and_escalate(time_skipping_env):
     stand_ins = StandIns(FaultClass.APPLICATION, earlier_application_incidents=2)
     report = await run_incident(time_skipping_env, stand_ins, xid=13, gpu="0")
-    assert report.outcome == ("escalated: 3 application XIDs on GPU 0 within 86400 s: "
-                              "node drained, jobs left running")
+    assert report.outcome == ("escalated: 3 application XIDs on GPU 0 within 86400 s: node drained, jobs left running")
     assert report.action == "fence_and_escalate" and stand_ins.calls == ["drain_node"]
 
 
@@ -466,8 +546,11 @@ async def test_application_xids_counted_from_earlier_incidents_on_the_real_serve
     node = f"gpu-{uuid.uuid4().hex[:8]}"
 
     async def one(xid: int, gpu: str):
-        stand_ins = StandIns(FaultClass.APPLICATION, classify=real.classify_fault,
-                             count_application_incidents=real.count_application_incidents)
+        stand_ins = StandIns(
+            FaultClass.APPLICATION,
+            classify=real.classify_fault,
+            count_application_incidents=real.count_application_incidents,
+        )
         report = await run_incident(temporal_env, stand_ins, xid=xid, node=node, gpu=gpu, search_attributes=True)
         return report, stand_ins.calls
 
@@ -503,11 +586,15 @@ async def test_application_xids_from_alertmanager_are_counted_per_gpu_on_the_rea
 
     async def one(xid: int, gpu: int, earlier: int) -> str:
         webhook = alertmanager.AlertmanagerWebhook.model_validate(
-            alertmanager_payload([dcgm_alert(node, xid, datetime.now(timezone.utc), gpu=gpu)]))
+            alertmanager_payload([dcgm_alert(node, xid, datetime.now(timezone.utc), gpu=gpu)])
+        )
         (incoming,), problems = alertmanager.to_incoming(webhook, ["Hostname"])
         assert problems == []
-        stand_ins = StandIns(FaultClass.APPLICATION, classify=real.classify_fault,
-                             count_application_incidents=real.count_application_incidents)
+        stand_ins = StandIns(
+            FaultClass.APPLICATION,
+            classify=real.classify_fault,
+            count_application_incidents=real.count_application_incidents,
+        )
         report = await run_incident(temporal_env, stand_ins, xid=xid, alert=incoming.to_alert(), search_attributes=True)
         deadline = time.monotonic() + 30
         while (await temporal_env.client.count_workflows(f"RecoveryNode = '{node}'")).count < earlier + 1:
@@ -528,8 +615,14 @@ async def test_xid_154_follows_the_drivers_recommended_action(time_skipping_env)
 
     real = ClassifyActivities(XidPolicyTable(DEFAULT_XID_POLICY), time_skipping_env.client)
     stand_ins = StandIns(FaultClass.UNKNOWN, classify=real.classify_fault)
-    report = await run_incident(time_skipping_env, stand_ins, xid=154, message=(
-        "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"))
+    report = await run_incident(
+        time_skipping_env,
+        stand_ins,
+        xid=154,
+        message=(
+            "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"
+        ),
+    )
     assert (report.fault_class.value, report.outcome) == ("fatal", "recovered")
     assert "requeue_job" in stand_ins.calls
 
@@ -551,8 +644,9 @@ async def test_return_to_service_unfences_the_kubernetes_node_once_healthy(time_
     @activity.defn(name="unfence_k8s_node")
     async def unfence_k8s_node(req: K8sNodeRequest) -> K8sUnfenceResult:
         looks.append(f"unfence {req.node}")
-        return K8sUnfenceResult(node=req.node, changed=True, restored=None, detail="restored",
-                                actions=[action("unfence_k8s_node")])
+        return K8sUnfenceResult(
+            node=req.node, changed=True, restored=None, detail="restored", actions=[action("unfence_k8s_node")]
+        )
 
     @activity.defn(name="return_to_service")
     async def return_to_service(req: NodeRequest) -> RepairCheck:
@@ -562,13 +656,19 @@ async def test_return_to_service_unfences_the_kubernetes_node_once_healthy(time_
 
     ctx = ActionContext(incident_id="gpu-2-1", owner="recovery", actor="recovery policy", reason="test", xid=79)
     task_queue = f"rts-{uuid.uuid4()}"
-    async with Worker(time_skipping_env.client, task_queue=task_queue, workflows=[ReturnToServiceWorkflow],
-                      activities=[check_node_health, unfence_k8s_node, return_to_service]):
+    async with Worker(
+        time_skipping_env.client,
+        task_queue=task_queue,
+        workflows=[ReturnToServiceWorkflow],
+        activities=[check_node_health, unfence_k8s_node, return_to_service],
+    ):
         result = await time_skipping_env.client.execute_workflow(
             ReturnToServiceWorkflow.run,
-            ReturnToServiceRequest(node="gpu-2", ctx=ctx, poll_seconds=0.2, kubernetes_node="k8s-gpu-2",
-                                   give_up_at=NOW.replace(year=2100)),
-            id=f"return-to-service-{uuid.uuid4()}", task_queue=task_queue,
+            ReturnToServiceRequest(
+                node="gpu-2", ctx=ctx, poll_seconds=0.2, kubernetes_node="k8s-gpu-2", give_up_at=NOW.replace(year=2100)
+            ),
+            id=f"return-to-service-{uuid.uuid4()}",
+            task_queue=task_queue,
         )
     assert looks == ["health", "slurm", "health", "slurm", "health", "unfence k8s-gpu-2", "slurm"], (looks, result)
     assert result.returned and [a.action for a in result.actions] == ["unfence_k8s_node"]
@@ -579,8 +679,9 @@ async def test_a_flood_of_forged_decisions_stops_being_heard_and_the_history_sta
     refuses the rest unheard, and the history no longer grows. On the real dev server: the
     time-skipping server writes a workflow task for an update its validator refuses."""
     # The gate's deadline is far off: its timer firing would add to the history being measured.
-    async with incident(temporal_env, StandIns(FaultClass.FATAL), xid=79, approval_required=["requeue"],
-                        approval_timeout_seconds=3600) as handle:
+    async with incident(
+        temporal_env, StandIns(FaultClass.FATAL), xid=79, approval_required=["requeue"], approval_timeout_seconds=3600
+    ) as handle:
         await until_awaiting(handle, "requeue")
         forged = OperatorDecision(actor="alice", reason=REASON)
         for _ in range(REFUSALS_HEARD):

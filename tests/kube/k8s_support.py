@@ -23,8 +23,15 @@ SLURMD_LABELS = {"app.kubernetes.io/name": "slurmd"}
 
 
 def ctx(incident: str = "gpu-2-20261130T001736Z", *, dry_run: bool = False, xid: int = 79) -> ActionContext:
-    return ActionContext(incident_id=incident, owner="recovery", actor="test", reason="GPU fell off the bus",
-                         xid=xid, mnemonic="ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", dry_run=dry_run)
+    return ActionContext(
+        incident_id=incident,
+        owner="recovery",
+        actor="test",
+        reason="GPU fell off the bus",
+        xid=xid,
+        mnemonic="ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS",
+        dry_run=dry_run,
+    )
 
 
 class SlurmStandIn:
@@ -53,8 +60,13 @@ class SlurmStandIn:
 
 
 def k8s_settings(kube_api, tmp_path: Path, **overrides) -> KubernetesSettings:
-    values = dict(enabled=True, kubeconfig=Path(kube_api.kubeconfig(tmp_path / "kubeconfig")),
-                  nodeset_name="gpu", eviction_backoff_seconds=0.1, watch_seconds=1)
+    values = dict(
+        enabled=True,
+        kubeconfig=Path(kube_api.kubeconfig(tmp_path / "kubeconfig")),
+        nodeset_name="gpu",
+        eviction_backoff_seconds=0.1,
+        watch_seconds=1,
+    )
     return KubernetesSettings(**(values | overrides))
 
 
@@ -78,14 +90,23 @@ class Recovery:
 
 def create_nodeset(api: client.ApiClient, namespace: str, name: str = "gpu", replicas: int = 2) -> dict:
     return client.CustomObjectsApi(api).create_namespaced_custom_object(
-        NODESET_GROUP, "v1alpha1", namespace, NODESET_PLURAL,
-        {"apiVersion": f"{NODESET_GROUP}/v1alpha1", "kind": "NodeSet", "metadata": {"name": name},
-         "spec": {"replicas": replicas}})
+        NODESET_GROUP,
+        "v1alpha1",
+        namespace,
+        NODESET_PLURAL,
+        {
+            "apiVersion": f"{NODESET_GROUP}/v1alpha1",
+            "kind": "NodeSet",
+            "metadata": {"name": name},
+            "spec": {"replicas": replicas},
+        },
+    )
 
 
 def slurmd_pod(seed, name: str, namespace: str, node: str, *, ready: bool = True, grace: int | None = None):
-    return seed.pod(name, namespace, node=node, labels=SLURMD_LABELS, phase="Running" if ready else "Pending",
-                    grace=grace)
+    return seed.pod(
+        name, namespace, node=node, labels=SLURMD_LABELS, phase="Running" if ready else "Pending", grace=grace
+    )
 
 
 class NodeSetController:

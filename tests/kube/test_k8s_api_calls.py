@@ -45,7 +45,8 @@ class RequestLog:
 
 
 async def test_every_request_is_declared_and_every_declared_call_is_made(
-        kube_api, kube_client, kube_seed, kube_driver, kube_namespace, tmp_path):
+    kube_api, kube_client, kube_seed, kube_driver, kube_namespace, tmp_path
+):
     ns = kube_namespace
     for node in ("gpu-2", "gpu-3", "gpu-4"):
         kube_seed.node(node)
@@ -55,8 +56,9 @@ async def test_every_request_is_declared_and_every_declared_call_is_made(
     slurm.set("slurm-gpu-0", "idle", "DRAIN")
     slurm.set("slurm-gpu-9", "idle")
     nodeset = Recovery(k8s_settings(kube_api, tmp_path, namespace=ns, nodeset_scale_up=True), slurm)
-    lifecycle = Recovery(k8s_settings(kube_api, tmp_path, namespace=ns, replacement="node-lifecycle",
-                                      delete_node=True), slurm)
+    lifecycle = Recovery(
+        k8s_settings(kube_api, tmp_path, namespace=ns, replacement="node-lifecycle", delete_node=True), slurm
+    )
     log, records = RequestLog(kube_api), []
     try:
         acts = nodeset.activities
@@ -64,19 +66,36 @@ async def test_every_request_is_declared_and_every_declared_call_is_made(
         fenced = await log.during(nodeset.run(acts.fence_k8s_node, K8sNodeRequest(node="gpu-2", ctx=ctx())))
         pod = await log.during(nodeset.run(acts.locate_slurmd_pod, SlurmdPodRequest(slurm_node="slurm-gpu-0")))
         evicting = asyncio.ensure_future(
-            log.during(nodeset.run(acts.evict_slurmd_pod, EvictRequest(pod=pod, ctx=ctx()))))
+            log.during(nodeset.run(acts.evict_slurmd_pod, EvictRequest(pod=pod, ctx=ctx())))
+        )
         deadline = asyncio.get_running_loop().time() + 10
         while not kube_driver.finish_terminating_pods(ns):  # the kubelet, once the pod is Terminating
             assert asyncio.get_running_loop().time() < deadline and not evicting.done(), "the pod was not evicted"
             await asyncio.sleep(0.05)
         evicted = await evicting
-        scaled = await log.during(nodeset.run(acts.request_k8s_replacement, K8sReplacementRequest(
-            failed_node="gpu-2", slurm_node="slurm-gpu-0", ctx=ctx())))
-        handed = await log.during(lifecycle.run(lifecycle.activities.request_k8s_replacement, K8sReplacementRequest(
-            failed_node="gpu-4", slurm_node="slurm-gpu-4", ctx=ctx())))
-        waiting = asyncio.ensure_future(log.during(nodeset.run(acts.wait_for_k8s_node, K8sSpareWaitRequest(
-            failed_node="gpu-2", since=since, deadline_seconds=20)), test_sends=[
-            ("POST", f"/api/v1/namespaces/{ns}/pods"), ("PATCH", f"/api/v1/namespaces/{ns}/pods/slurm-gpu-9/status")]))
+        scaled = await log.during(
+            nodeset.run(
+                acts.request_k8s_replacement,
+                K8sReplacementRequest(failed_node="gpu-2", slurm_node="slurm-gpu-0", ctx=ctx()),
+            )
+        )
+        handed = await log.during(
+            lifecycle.run(
+                lifecycle.activities.request_k8s_replacement,
+                K8sReplacementRequest(failed_node="gpu-4", slurm_node="slurm-gpu-4", ctx=ctx()),
+            )
+        )
+        waiting = asyncio.ensure_future(
+            log.during(
+                nodeset.run(
+                    acts.wait_for_k8s_node, K8sSpareWaitRequest(failed_node="gpu-2", since=since, deadline_seconds=20)
+                ),
+                test_sends=[
+                    ("POST", f"/api/v1/namespaces/{ns}/pods"),
+                    ("PATCH", f"/api/v1/namespaces/{ns}/pods/slurm-gpu-9/status"),
+                ],
+            )
+        )
         await asyncio.sleep(1.5)  # a watch window passes first
         slurmd_pod(kube_seed, "slurm-gpu-9", ns, "gpu-3")
         spare = await waiting

@@ -13,6 +13,7 @@ from backends.kubernetes import SlurmNodeView
 from backends.slurm import SlurmCli, SlurmClient
 from contracts.kubernetes import EvictRequest, SlurmdPodRequest
 from contracts.models import SlurmJob
+from kubesim.simulators import Kubelet
 from tests.kube.k8s_support import (
     SLURMD_LABELS,
     Recovery,
@@ -21,7 +22,6 @@ from tests.kube.k8s_support import (
     k8s_settings,
     slurmd_pod,
 )
-from kubesim.simulators import Kubelet
 
 POD, NODE = "slurm-gpu-0", "gpu-2"  # StatefulSet mode: the Slurm node is the pod's hostname
 EVICTION = ("POST", "/api/v1/namespaces/{ns}/pods/slurm-gpu-0/eviction")
@@ -76,15 +76,19 @@ async def test_locate_finds_the_pod_of_a_slurm_node_and_its_node(recovery, seede
     assert (raised.value.type, raised.value.non_retryable) == ("SlurmdPodNotFound", True)
 
 
-@pytest.mark.parametrize("situation, error, final", [
-    ("job running", "JobsStillRunning", True),
-    ("not drained", "NodeNotDrained", True),
-    ("allocated", "NodeStillBusy", False),  # no job listed, work completing: settles, so retried
-    ("unknown to Slurm", "SlurmNotFound", True),
-    ("Slurm unreadable", "SlurmStateUnknown", False),
-])
+@pytest.mark.parametrize(
+    "situation, error, final",
+    [
+        ("job running", "JobsStillRunning", True),
+        ("not drained", "NodeNotDrained", True),
+        ("allocated", "NodeStillBusy", False),  # no job listed, work completing: settles, so retried
+        ("unknown to Slurm", "SlurmNotFound", True),
+        ("Slurm unreadable", "SlurmStateUnknown", False),
+    ],
+)
 async def test_no_eviction_unless_slurm_has_let_go_of_the_node(
-        recovery, seeded, slurm, kube_api, kube_namespace, situation, error, final):
+    recovery, seeded, slurm, kube_api, kube_namespace, situation, error, final
+):
     pod = await _located(recovery)
     if situation == "job running":
         slurm.jobs.append(SlurmJob(job_id=3, state="RUNNING", nodes=[POD, "slurm-gpu-1"]))
@@ -104,17 +108,18 @@ async def test_no_eviction_unless_slurm_has_let_go_of_the_node(
 
 
 async def test_a_pdb_refusal_is_retried_with_backoff_until_the_budget_allows(
-        recovery, seeded, kube_api, kube_client, kube_namespace):
+    recovery, seeded, kube_api, kube_client, kube_namespace
+):
     seeded.pdb("slurmd", kube_namespace, SLURMD_LABELS, min_available=2)
     pod = await _located(recovery)
     with Kubelet(kube_client, finish_after=0.3):
         evicting = asyncio.ensure_future(
-            recovery.run(recovery.activities.evict_slurmd_pod, EvictRequest(pod=pod, ctx=ctx())))
+            recovery.run(recovery.activities.evict_slurmd_pod, EvictRequest(pod=pod, ctx=ctx()))
+        )
         while _evictions(kube_api, kube_namespace) < 3:  # refused, waited, refused again ...
             assert not evicting.done(), evicting.result()
             await asyncio.sleep(0.05)
-        seeded.policy.patch_namespaced_pod_disruption_budget(
-            "slurmd", kube_namespace, {"spec": {"minAvailable": 1}})
+        seeded.policy.patch_namespaced_pod_disruption_budget("slurmd", kube_namespace, {"spec": {"minAvailable": 1}})
         result = await asyncio.wait_for(evicting, 30)
     assert result.evicted and result.terminated and result.pdb_refusals >= 2
     assert any("eviction refused" in str(h) for h in recovery.heartbeats)
@@ -125,7 +130,8 @@ async def test_a_pdb_refusal_is_retried_with_backoff_until_the_budget_allows(
 
 
 async def test_a_pdb_that_never_allows_is_a_final_answer_at_the_deadline(
-        kube_api, seeded, slurm, kube_namespace, tmp_path):
+    kube_api, seeded, slurm, kube_namespace, tmp_path
+):
     seeded.pdb("slurmd", kube_namespace, SLURMD_LABELS, min_available=2)
     recovery = make_recovery(kube_api, kube_namespace, tmp_path, slurm, eviction_deadline_seconds=1)
     try:
@@ -139,7 +145,8 @@ async def test_a_pdb_that_never_allows_is_a_final_answer_at_the_deadline(
 
 
 async def test_a_pod_that_stays_terminating_is_waited_for_until_the_deadline(
-        kube_api, kube_seed, slurm, kube_namespace, tmp_path):
+    kube_api, kube_seed, slurm, kube_namespace, tmp_path
+):
     kube_seed.node(NODE)
     slurmd_pod(kube_seed, POD, kube_namespace, NODE, grace=300)  # and no kubelet to end it
     recovery = make_recovery(kube_api, kube_namespace, tmp_path, slurm, termination_deadline_seconds=2)
@@ -154,7 +161,8 @@ async def test_a_pod_that_stays_terminating_is_waited_for_until_the_deadline(
 
 
 async def test_a_retried_eviction_evicts_once_and_waits_for_the_same_pod(
-        kube_api, kube_seed, slurm, kube_client, kube_namespace, tmp_path):
+    kube_api, kube_seed, slurm, kube_client, kube_namespace, tmp_path
+):
     kube_seed.node(NODE)
     slurmd_pod(kube_seed, POD, kube_namespace, NODE, grace=300)
     recovery = make_recovery(kube_api, kube_namespace, tmp_path, slurm, termination_deadline_seconds=2)

@@ -45,7 +45,9 @@ async def test_fence_keeps_prior_state_and_unfence_restores_it_keeping_what_othe
     assert conditions["GPURecoveryFenced"] == ("True", "XID79")
     assert annotations[CORDON_REASON_ANNOTATION].startswith("recovery: XID 79")
     assert [(a.action, a.command.split(" {")[0]) for a in fenced.actions] == [
-        ("fence_k8s_node", "PUT /api/v1/nodes/gpu-2"), ("set_k8s_node_condition", "PUT /api/v1/nodes/gpu-2/status")]
+        ("fence_k8s_node", "PUT /api/v1/nodes/gpu-2"),
+        ("set_k8s_node_condition", "PUT /api/v1/nodes/gpu-2/status"),
+    ]
     assert all(a.actor == "test" and a.reason == "GPU fell off the bus" for a in fenced.actions)
 
     # Another owner taints the Node while it is fenced: unfence must keep that taint.
@@ -62,8 +64,7 @@ async def test_fence_keeps_prior_state_and_unfence_restores_it_keeping_what_othe
     assert taints == sorted([tuple(OTHER_TAINT.values()), ("example.com/late", "x", "NoExecute")])
 
 
-async def test_a_node_cordoned_by_someone_else_stays_cordoned_and_a_prior_fence_taint_comes_back(
-        recovery, kube_seed):
+async def test_a_node_cordoned_by_someone_else_stays_cordoned_and_a_prior_fence_taint_comes_back(recovery, kube_seed):
     manual = {"key": "recovery.gpu/unhealthy", "value": "manual", "effect": "NoSchedule"}
     kube_seed.node("gpu-3", unschedulable=True, taints=[manual])
     core = kube_seed.core
@@ -109,11 +110,14 @@ async def test_another_incidents_fence_is_left_as_found(recovery, kube_seed):
 async def test_dry_run_describes_the_fence_and_writes_nothing(recovery, kube_api, kube_seed):
     kube_seed.node("gpu-2")
     writes = len(kube_api.writes())
-    planned = await recovery.run(recovery.activities.fence_k8s_node,
-                                 K8sNodeRequest(node="gpu-2", ctx=ctx(dry_run=True)))
+    planned = await recovery.run(
+        recovery.activities.fence_k8s_node, K8sNodeRequest(node="gpu-2", ctx=ctx(dry_run=True))
+    )
     assert not planned.changed and len(kube_api.writes()) == writes
     assert [(a.executed, a.command.split(" {")[0]) for a in planned.actions] == [
-        (False, "PUT /api/v1/nodes/gpu-2"), (False, "PUT /api/v1/nodes/gpu-2/status")]
+        (False, "PUT /api/v1/nodes/gpu-2"),
+        (False, "PUT /api/v1/nodes/gpu-2/status"),
+    ]
 
 
 async def test_unknown_node_is_a_final_answer(recovery):
@@ -122,8 +126,7 @@ async def test_unknown_node_is_a_final_answer(recovery):
     assert (raised.value.type, raised.value.non_retryable) == ("NodeNotFound", True)
 
 
-async def test_taint_write_that_meets_a_conflict_rereads_and_keeps_the_concurrent_taints(
-        recovery, kube_api, kube_seed):
+async def test_taint_write_that_meets_a_conflict_rereads_and_keeps_the_concurrent_taints(recovery, kube_api, kube_seed):
     """Another writer adds taints while the fence runs: whenever our PUT meets 409 Conflict it
     reads again, so every taint of theirs survives. Repeated until a conflict really happened."""
     core = kube_seed.core
@@ -137,8 +140,13 @@ async def test_taint_write_that_meets_a_conflict_rereads_and_keeps_the_concurren
             taint = {"key": f"other.example/t{len(added)}", "value": "x", "effect": "NoSchedule"}
             taints = [core.api_client.sanitize_for_serialization(t) for t in node.spec.taints or []]
             try:
-                core.patch_node(name, {"metadata": {"resourceVersion": node.metadata.resource_version},
-                                       "spec": {"taints": [*taints, taint]}})
+                core.patch_node(
+                    name,
+                    {
+                        "metadata": {"resourceVersion": node.metadata.resource_version},
+                        "spec": {"taints": [*taints, taint]},
+                    },
+                )
                 added.append(taint["key"])
             except ApiException as e:
                 if e.status != 409:

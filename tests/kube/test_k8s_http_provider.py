@@ -39,8 +39,12 @@ class ReplacementApi:
         self.by_key: dict[str, str] = {}
         self.posts = 0
         self._ids = count(1)
-        app = Starlette(routes=[Route("/v1/replacements", self._create, methods=["POST"]),
-                                Route("/v1/replacements/{id}", self._get, methods=["GET"])])
+        app = Starlette(
+            routes=[
+                Route("/v1/replacements", self._create, methods=["POST"]),
+                Route("/v1/replacements/{id}", self._get, methods=["GET"]),
+            ]
+        )
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -91,16 +95,24 @@ class ReplacementApi:
 
 
 def _recovery(kube_api, namespace, tmp_path, api: ReplacementApi, slurm=None, **settings) -> Recovery:
-    values = dict(namespace=namespace, replacement="http", http_url=api.url, http_token=TOKEN,
-                  http_poll_seconds=0.1, http_timeout_seconds=5) | settings
+    values = (
+        dict(
+            namespace=namespace,
+            replacement="http",
+            http_url=api.url,
+            http_token=TOKEN,
+            http_poll_seconds=0.1,
+            http_timeout_seconds=5,
+        )
+        | settings
+    )
     return Recovery(k8s_settings(kube_api, tmp_path, **values), slurm or SlurmStandIn())
 
 
 REQUEST = K8sReplacementRequest(failed_node="gpu-2", slurm_node="gpu-2", ctx=ctx())
 
 
-async def test_a_named_node_comes_ready_once_however_often_it_is_asked(
-        kube_api, kube_seed, kube_namespace, tmp_path):
+async def test_a_named_node_comes_ready_once_however_often_it_is_asked(kube_api, kube_seed, kube_namespace, tmp_path):
     slurm = SlurmStandIn()
     slurm.set("slurmd-gpu-cloud-r-1", "idle")
     controller = NodeSetController(kube_seed, kube_namespace, known=[])
@@ -110,8 +122,10 @@ async def test_a_named_node_comes_ready_once_however_often_it_is_asked(
         try:
             first = await recovery.run(recovery.activities.request_k8s_replacement, REQUEST)
             again = await recovery.run(recovery.activities.request_k8s_replacement, REQUEST)
-            spare = await recovery.run(recovery.activities.wait_for_k8s_node, K8sSpareWaitRequest(
-                failed_node="gpu-2", since=utc_now(), node=first.node, deadline_seconds=20))
+            spare = await recovery.run(
+                recovery.activities.wait_for_k8s_node,
+                K8sSpareWaitRequest(failed_node="gpu-2", since=utc_now(), node=first.node, deadline_seconds=20),
+            )
         finally:
             controller.stop()
             recovery.close()
@@ -123,11 +137,14 @@ async def test_a_named_node_comes_ready_once_however_often_it_is_asked(
     assert (spare.healthy, spare.node, spare.slurm_node) == (True, "gpu-cloud-r-1", "slurmd-gpu-cloud-r-1")
 
 
-@pytest.mark.parametrize("outcome, detail", [
-    ("failed", "replacement r-1 failed: no H100 left in zone b"),
-    ("stuck", "replacement r-1 still provisioning after 1 s"),
-    ("refuse", "refused: HTTP 422"),
-])
+@pytest.mark.parametrize(
+    "outcome, detail",
+    [
+        ("failed", "replacement r-1 failed: no H100 left in zone b"),
+        ("stuck", "replacement r-1 still provisioning after 1 s"),
+        ("refuse", "refused: HTTP 422"),
+    ],
+)
 async def test_no_replacement_is_an_explicit_answer(kube_api, kube_seed, kube_namespace, tmp_path, outcome, detail):
     with ReplacementApi(kube_seed, outcome=outcome) as api:
         recovery = _recovery(kube_api, kube_namespace, tmp_path, api, http_timeout_seconds=1)

@@ -61,7 +61,8 @@ def _wait(since, deadline: float = 20, node: str | None = None) -> K8sSpareWaitR
 
 
 async def test_nodeset_scale_up_brings_a_new_node_once(
-        kube_api, kube_client, kube_provisioner, cluster, slurm, kube_namespace, tmp_path):
+    kube_api, kube_client, kube_provisioner, cluster, slurm, kube_namespace, tmp_path
+):
     create_nodeset(kube_client, kube_namespace, replicas=2)
     recovery = recovery_with(kube_api, kube_namespace, tmp_path, slurm, nodeset_scale_up=True)
     since = utc_now()
@@ -77,7 +78,8 @@ async def test_nodeset_scale_up_brings_a_new_node_once(
         controller.stop()
         recovery.close()
     scale = client.CustomObjectsApi(kube_client).get_namespaced_custom_object_scale(
-        NODESET_GROUP, "v1alpha1", kube_namespace, "nodesets", "gpu")
+        NODESET_GROUP, "v1alpha1", kube_namespace, "nodesets", "gpu"
+    )
     assert scale["spec"]["replicas"] == 3
     assert first.accepted and [a.action for a in first.actions] == ["claim_nodeset_scale_up", "scale_nodeset"]
     assert [a.path for a in again.actions] == ["none", "none"]
@@ -87,7 +89,8 @@ async def test_nodeset_scale_up_brings_a_new_node_once(
 
 
 async def test_nodeset_recreating_the_evicted_pod_on_a_free_node_is_the_replacement(
-        kube_api, kube_client, kube_provisioner, cluster, slurm, kube_namespace, tmp_path):
+    kube_api, kube_client, kube_provisioner, cluster, slurm, kube_namespace, tmp_path
+):
     create_nodeset(kube_client, kube_namespace, replicas=2)
     cluster.node("gpu-4", labels={"pool": "gpu"})  # free: no slurmd pod on it yet
     slurm.set("slurm-gpu-0", "idle")
@@ -117,9 +120,11 @@ async def test_a_missing_nodeset_is_a_final_answer(kube_api, kube_namespace, slu
 
 @pytest.mark.parametrize("delete_node", [False, True])
 async def test_node_lifecycle_gets_a_new_node(
-        kube_api, kube_client, kube_provisioner, cluster, slurm, kube_namespace, tmp_path, delete_node):
-    recovery = recovery_with(kube_api, kube_namespace, tmp_path, slurm, replacement="node-lifecycle",
-                             delete_node=delete_node)
+    kube_api, kube_client, kube_provisioner, cluster, slurm, kube_namespace, tmp_path, delete_node
+):
+    recovery = recovery_with(
+        kube_api, kube_namespace, tmp_path, slurm, replacement="node-lifecycle", delete_node=delete_node
+    )
     await recovery.run(recovery.activities.fence_k8s_node, K8sNodeRequest(node=FAILED, ctx=ctx()))
     since = utc_now()
     controller = NodeSetController(cluster, kube_namespace, known=[FAILED, "gpu-3"])
@@ -145,7 +150,8 @@ async def test_node_lifecycle_gets_a_new_node(
 
 
 async def test_only_a_healthy_node_counts_and_the_deadline_is_an_explicit_failure(
-        kube_api, kube_seed, slurm, kube_namespace, tmp_path):
+    kube_api, kube_seed, slurm, kube_namespace, tmp_path
+):
     kube_seed.node(FAILED, labels={"pool": "gpu"})
     since = utc_now()
     kube_seed.node("gpu-t", labels={"pool": "gpu"}, taints=[{"key": "gpu.example/burn-in", "effect": "NoSchedule"}])
@@ -162,8 +168,11 @@ async def test_only_a_healthy_node_counts_and_the_deadline_is_an_explicit_failur
         spare = await recovery.run(recovery.activities.wait_for_k8s_node, _wait(since, deadline=2))
         took = time.monotonic() - started
         assert not spare.healthy and 2 <= took < 10
-        for why in ("gpu-t: tainted gpu.example/burn-in=:NoSchedule", "gpu-z: no nvidia.com/gpu allocatable",
-                    "gpu-n: not Ready"):
+        for why in (
+            "gpu-t: tainted gpu.example/burn-in=:NoSchedule",
+            "gpu-z: no nvidia.com/gpu allocatable",
+            "gpu-n: not Ready",
+        ):
             assert why in spare.detail
         assert recovery.heartbeats, "a long wait heartbeats"
 
@@ -192,13 +201,13 @@ async def test_slurm_must_show_the_replacement_idle(kube_api, kube_seed, slurm, 
     assert (named.healthy, named.slurm_node) == (True, "slurmd-gpu-9")
 
 
-async def test_the_wait_lists_again_after_410_gone(
-        kube_api, kube_seed, slurm, kube_namespace, tmp_path):
+async def test_the_wait_lists_again_after_410_gone(kube_api, kube_seed, slurm, kube_namespace, tmp_path):
     kube_seed.node(FAILED, labels={"pool": "gpu"})
     since = utc_now()
     recovery = recovery_with(kube_api, kube_namespace, tmp_path, slurm)
-    node_lists = lambda: sum(1 for m, p in kube_api.requests  # noqa: E731
-                             if m == "GET" and p.startswith("/api/v1/nodes?") and "watch=" not in p)
+    node_lists = lambda: sum(  # noqa: E731
+        1 for m, p in kube_api.requests if m == "GET" and p.startswith("/api/v1/nodes?") and "watch=" not in p
+    )
     try:
         waiting = asyncio.ensure_future(recovery.run(recovery.activities.wait_for_k8s_node, _wait(since, 30)))
         while node_lists() < 2:  # history moves on without the watched Nodes, then is compacted away

@@ -16,8 +16,10 @@ def core(kube_client) -> client.CoreV1Api:
 
 
 def evict(core: client.CoreV1Api, name: str, namespace: str, **delete_options):
-    body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace),
-                             delete_options=client.V1DeleteOptions(**delete_options) if delete_options else None)
+    body = client.V1Eviction(
+        metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+        delete_options=client.V1DeleteOptions(**delete_options) if delete_options else None,
+    )
     return core.create_namespaced_pod_eviction(name, namespace, body)
 
 
@@ -41,8 +43,9 @@ def test_eviction_takes_its_delete_options(core, kube_namespace, trainers):
     expect_api_error(404, core.read_namespaced_pod, "train-0", kube_namespace)
 
 
-@pytest.mark.parametrize("budget", [{"min_available": 3}, {"max_unavailable": 0}, {"min_available": "100%"},
-                                    {"max_unavailable": "0%"}])
+@pytest.mark.parametrize(
+    "budget", [{"min_available": 3}, {"max_unavailable": 0}, {"min_available": "100%"}, {"max_unavailable": "0%"}]
+)
 def test_a_budget_with_no_disruption_left_answers_429(core, kube_seed, kube_namespace, trainers, budget):
     kube_seed.pdb("train", kube_namespace, {"app": "train"}, **budget)
     status = expect_api_error(429, evict, core, "train-0", kube_namespace)

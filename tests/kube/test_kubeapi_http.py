@@ -11,8 +11,8 @@ from kubernetes import client, config
 from kubernetes.config.incluster_config import InClusterConfigLoader
 from kubernetes.dynamic import DynamicClient
 
-from tests.kubeapi.fixtures import expect_api_error, raw_request
 from kubesim.server import KubeApiServer
+from tests.kubeapi.fixtures import expect_api_error, raw_request
 
 
 def test_version_and_discovery_documents(kube_client):
@@ -21,11 +21,22 @@ def test_version_and_discovery_documents(kube_client):
     assert groups["slinky.slurm.net"] == "slinky.slurm.net/v1alpha1"
     assert {"policy", "coordination.k8s.io"} <= set(groups)
     core = {r.name: r for r in client.CoreV1Api(kube_client).get_api_resources().resources}
-    assert {"nodes", "nodes/status", "pods", "pods/status", "pods/eviction", "namespaces", "events", "configmaps",
-            "secrets"} <= set(core)
+    assert {
+        "nodes",
+        "nodes/status",
+        "pods",
+        "pods/status",
+        "pods/eviction",
+        "namespaces",
+        "events",
+        "configmaps",
+        "secrets",
+    } <= set(core)
     assert core["pods"].namespaced and not core["nodes"].namespaced and "watch" in core["nodes"].verbs
-    nodesets = {r.name: r for r in client.CustomObjectsApi(kube_client).get_api_resources(
-        "slinky.slurm.net", "v1alpha1").resources}
+    nodesets = {
+        r.name: r
+        for r in client.CustomObjectsApi(kube_client).get_api_resources("slinky.slurm.net", "v1alpha1").resources
+    }
     assert nodesets["nodesets"].kind == "NodeSet" and nodesets["nodesets/scale"].kind == "Scale"
 
 
@@ -33,10 +44,21 @@ def test_the_dynamic_client_discovers_and_uses_resources(kube_client, kube_names
     kube_seed.node(f"{kube_namespace}-n0")
     dynamic = DynamicClient(kube_client, cache_file=str(tmp_path / "discovery.json"))
     nodesets = dynamic.resources.get(api_version="slinky.slurm.net/v1alpha1", kind="NodeSet")
-    nodesets.create(body={"apiVersion": "slinky.slurm.net/v1alpha1", "kind": "NodeSet", "metadata": {"name": "gpu"},
-                          "spec": {"replicas": 1}}, namespace=kube_namespace)
-    nodesets.patch(body={"spec": {"replicas": 2}}, name="gpu", namespace=kube_namespace,
-                   content_type="application/merge-patch+json")
+    nodesets.create(
+        body={
+            "apiVersion": "slinky.slurm.net/v1alpha1",
+            "kind": "NodeSet",
+            "metadata": {"name": "gpu"},
+            "spec": {"replicas": 1},
+        },
+        namespace=kube_namespace,
+    )
+    nodesets.patch(
+        body={"spec": {"replicas": 2}},
+        name="gpu",
+        namespace=kube_namespace,
+        content_type="application/merge-patch+json",
+    )
     assert nodesets.get(name="gpu", namespace=kube_namespace).spec.replicas == 2
     nodes = dynamic.resources.get(api_version="v1", kind="Node")
     assert nodes.get(name=f"{kube_namespace}-n0").metadata.name == f"{kube_namespace}-n0"
@@ -69,9 +91,11 @@ def test_the_in_cluster_config_loader_works_over_https(kube_api, tmp_path):
     ca_file.write_text(open(kube_api.ca_file).read())
     port = kube_api.url.rsplit(":", 1)[1]
     configuration = client.Configuration()
-    InClusterConfigLoader(token_filename=str(token_file), cert_filename=str(ca_file),
-                          environ={"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": port}
-                          ).load_and_set(configuration)
+    InClusterConfigLoader(
+        token_filename=str(token_file),
+        cert_filename=str(ca_file),
+        environ={"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": port},
+    ).load_and_set(configuration)
     with client.ApiClient(configuration) as in_cluster:
         assert client.CoreV1Api(in_cluster).read_namespace("default").metadata.name == "default"
 
@@ -97,8 +121,10 @@ def test_the_request_log_tells_reads_from_writes(kube_api, kube_client, kube_nam
     core.list_node(label_selector="pool=a100")
     core.read_namespace(kube_namespace)
     assert kube_api.writes()[before:] == []
-    assert kube_api.requests[-2:] == [("GET", "/api/v1/nodes?labelSelector=pool%3Da100"),
-                                         ("GET", f"/api/v1/namespaces/{kube_namespace}")]
+    assert kube_api.requests[-2:] == [
+        ("GET", "/api/v1/nodes?labelSelector=pool%3Da100"),
+        ("GET", f"/api/v1/namespaces/{kube_namespace}"),
+    ]
     core.patch_namespace(kube_namespace, {"metadata": {"labels": {"a": "b"}}})
     assert kube_api.writes()[before:] == [("PATCH", f"/api/v1/namespaces/{kube_namespace}")]
 

@@ -37,8 +37,9 @@ def test_a_node_created_ready_loses_the_taint_in_a_write_of_its_own(core):
     core.create_node({"metadata": {"name": "gpu-9"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
     assert core.read_node("gpu-9").spec.taints is None
     seen = []
-    for event in watch.Watch().stream(core.list_node, resource_version=listed.metadata.resource_version,
-                                      timeout_seconds=5):
+    for event in watch.Watch().stream(
+        core.list_node, resource_version=listed.metadata.resource_version, timeout_seconds=5
+    ):
         seen.append((event["type"], taints(event["object"])))
         if len(seen) == 2:
             break
@@ -47,8 +48,10 @@ def test_a_node_created_ready_loses_the_taint_in_a_write_of_its_own(core):
 
 def test_without_the_option_nodes_are_left_untainted(tmp_path):
     # The test server's own option, off by default: a real cluster always taints (so not kube_api).
-    with KubeApiServer() as server, config.new_client_from_config(
-            config_file=server.kubeconfig(tmp_path / "kubeconfig")) as api_client:
+    with (
+        KubeApiServer() as server,
+        config.new_client_from_config(config_file=server.kubeconfig(tmp_path / "kubeconfig")) as api_client,
+    ):
         core = client.CoreV1Api(api_client)
         core.create_node({"metadata": {"name": "gpu-9"}})
         assert core.read_node("gpu-9").spec.taints is None

@@ -22,8 +22,9 @@ def core(kube_client) -> client.CoreV1Api:
 
 
 def test_create_fills_in_server_metadata(core, kube_namespace):
-    pod = core.create_namespaced_pod(kube_namespace, {"metadata": {"name": "p"}, "spec": {
-        "containers": [{"name": "main", "image": "busybox"}]}})
+    pod = core.create_namespaced_pod(
+        kube_namespace, {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "main", "image": "busybox"}]}}
+    )
     meta = pod.metadata
     assert meta.uid and meta.resource_version and meta.creation_timestamp is not None
     assert meta.generation == 1 and meta.namespace == kube_namespace
@@ -97,8 +98,12 @@ def test_a_no_op_update_keeps_the_resource_version(core, kube_namespace):
 
 def test_custom_resource_replace_needs_a_resource_version(kube_client, kube_namespace):
     custom = client.CustomObjectsApi(kube_client)
-    body = {"apiVersion": "slinky.slurm.net/v1alpha1", "kind": "NodeSet", "metadata": {"name": "ns"},
-            "spec": {"replicas": 1}}
+    body = {
+        "apiVersion": "slinky.slurm.net/v1alpha1",
+        "kind": "NodeSet",
+        "metadata": {"name": "ns"},
+        "spec": {"replicas": 1},
+    }
     custom.create_namespaced_custom_object(*NODESET, kube_namespace, "nodesets", body)
     expect_api_error(422, custom.replace_namespaced_custom_object, *NODESET, kube_namespace, "nodesets", "ns", body)
 
@@ -124,8 +129,11 @@ def test_delete_preconditions_are_checked(core, kube_namespace):
     stale = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid="not-the-uid"))
     status = expect_api_error(409, core.delete_namespaced_config_map, "cm", kube_namespace, body=stale)
     assert "Precondition failed: UID" in status["message"]
-    right = client.V1DeleteOptions(preconditions=client.V1Preconditions(
-        uid=created.metadata.uid, resource_version=created.metadata.resource_version))
+    right = client.V1DeleteOptions(
+        preconditions=client.V1Preconditions(
+            uid=created.metadata.uid, resource_version=created.metadata.resource_version
+        )
+    )
     core.delete_namespaced_config_map("cm", kube_namespace, body=right)
 
 
@@ -178,9 +186,16 @@ def test_secret_string_data_is_stored_as_base64_data(core, kube_namespace):
 
 
 def test_events_can_be_recorded_and_listed(core, kube_namespace):
-    core.create_namespaced_event(kube_namespace, {
-        "metadata": {"generateName": "gpu-0."}, "involvedObject": {"kind": "Node", "name": "gpu-0"},
-        "reason": "NodeRecovery", "message": "drained for XID 79", "type": "Warning"})
+    core.create_namespaced_event(
+        kube_namespace,
+        {
+            "metadata": {"generateName": "gpu-0."},
+            "involvedObject": {"kind": "Node", "name": "gpu-0"},
+            "reason": "NodeRecovery",
+            "message": "drained for XID 79",
+            "type": "Warning",
+        },
+    )
     events = core.list_namespaced_event(kube_namespace, field_selector="involvedObject.name=gpu-0").items
     assert [e.reason for e in events] == ["NodeRecovery"]
 

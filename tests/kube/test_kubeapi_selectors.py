@@ -12,17 +12,31 @@ from tests.kubeapi.fixtures import expect_api_error
 def core(kube_client, kube_seed, kube_namespace) -> client.CoreV1Api:
     kube_seed.node(f"{kube_namespace}-n0")
     kube_seed.node(f"{kube_namespace}-n1", unschedulable=True)
-    for name, labels, node in [("a", {"app": "train", "tier": "gpu"}, "n0"), ("b", {"app": "train"}, "n1"),
-                               ("c", {"app": "serve", "tier": "cpu"}, "n0"), ("d", {}, None)]:
+    for name, labels, node in [
+        ("a", {"app": "train", "tier": "gpu"}, "n0"),
+        ("b", {"app": "train"}, "n1"),
+        ("c", {"app": "serve", "tier": "cpu"}, "n0"),
+        ("d", {}, None),
+    ]:
         kube_seed.pod(name, kube_namespace, labels=labels, node=node and f"{kube_namespace}-{node}")
     return client.CoreV1Api(kube_client)
 
 
-@pytest.mark.parametrize(("selector", "expected"), [
-    ("app=train", "ab"), ("app==train", "ab"), ("app!=train", "cd"),
-    ("app in (train, serve)", "abc"), ("app notin (train)", "cd"),
-    ("tier", "ac"), ("!tier", "bd"), ("app=train,tier", "a"), ("app in (train),!tier", "b"), ("", "abcd"),
-])
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        ("app=train", "ab"),
+        ("app==train", "ab"),
+        ("app!=train", "cd"),
+        ("app in (train, serve)", "abc"),
+        ("app notin (train)", "cd"),
+        ("tier", "ac"),
+        ("!tier", "bd"),
+        ("app=train,tier", "a"),
+        ("app in (train),!tier", "b"),
+        ("", "abcd"),
+    ],
+)
 def test_label_selector_operators(core, kube_namespace, selector, expected):
     pods = core.list_namespaced_pod(kube_namespace, label_selector=selector).items
     assert "".join(p.metadata.name for p in pods) == expected
@@ -49,7 +63,9 @@ def test_field_selector_on_node_unschedulable(core, kube_namespace):
 
 
 def test_selectors_apply_across_namespaces(core, kube_namespace):
-    pods = core.list_pod_for_all_namespaces(label_selector="app=train", field_selector=f"metadata.namespace={kube_namespace}")
+    pods = core.list_pod_for_all_namespaces(
+        label_selector="app=train", field_selector=f"metadata.namespace={kube_namespace}"
+    )
     assert [p.metadata.name for p in pods.items] == ["a", "b"]
 
 

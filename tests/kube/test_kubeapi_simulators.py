@@ -9,8 +9,8 @@ import time
 import pytest
 from kubernetes import client, watch
 
-from tests.kubeapi.fixtures import eventually
 from kubesim.simulators import Kubelet, Provisioner
+from tests.kubeapi.fixtures import eventually
 
 NODESET = ("slinky.slurm.net", "v1alpha1")
 
@@ -37,8 +37,11 @@ def test_kubelet_finishes_an_evicted_pod_after_its_grace_period(core, kube_clien
     with Kubelet(kube_client, node="gpu-0") as kubelet:
         evicted_at = time.monotonic()
         for name in ("train", "other-node"):
-            core.create_namespaced_pod_eviction(name, kube_namespace, client.V1Eviction(
-                metadata=client.V1ObjectMeta(name=name, namespace=kube_namespace)))
+            core.create_namespaced_pod_eviction(
+                name,
+                kube_namespace,
+                client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=kube_namespace)),
+            )
         # deletionTimestamp has whole seconds: a 2 s grace period leaves the pod more than 1 s.
         assert core.read_namespaced_pod("train", kube_namespace).metadata.deletion_timestamp is not None
         eventually(lambda: gone(core, "train", kube_namespace))
@@ -55,24 +58,43 @@ def test_kubelet_can_finish_sooner_than_the_grace_period(core, kube_client, kube
         eventually(lambda: gone(core, "train", kube_namespace))
 
 
-def test_provisioner_answers_a_nodeset_scale_up_with_a_ready_gpu_node(core, kube_client, kube_namespace, kube_provisioner):
+def test_provisioner_answers_a_nodeset_scale_up_with_a_ready_gpu_node(
+    core, kube_client, kube_namespace, kube_provisioner
+):
     custom = client.CustomObjectsApi(kube_client)
-    custom.create_namespaced_custom_object(*NODESET, kube_namespace, "nodesets", {
-        "apiVersion": "slinky.slurm.net/v1alpha1", "kind": "NodeSet", "metadata": {"name": "gpu"},
-        "spec": {"replicas": 1}})
+    custom.create_namespaced_custom_object(
+        *NODESET,
+        kube_namespace,
+        "nodesets",
+        {
+            "apiVersion": "slinky.slurm.net/v1alpha1",
+            "kind": "NodeSet",
+            "metadata": {"name": "gpu"},
+            "spec": {"replicas": 1},
+        },
+    )
     listed = core.list_node()
     with kube_provisioner(kube_client, name_pattern="gpu-new-{n}", ready_after=0.2, gpus=8) as provisioner:
-        custom.patch_namespaced_custom_object_scale(*NODESET, kube_namespace, "nodesets", "gpu", {"spec": {"replicas": 2}})
+        custom.patch_namespaced_custom_object_scale(
+            *NODESET, kube_namespace, "nodesets", "gpu", {"spec": {"replicas": 2}}
+        )
         seen = []
-        for event in watch.Watch().stream(core.list_node, resource_version=listed.metadata.resource_version,
-                                          timeout_seconds=5):
+        for event in watch.Watch().stream(
+            core.list_node, resource_version=listed.metadata.resource_version, timeout_seconds=5
+        ):
             node = event["object"]
             seen.append((event["type"], node.metadata.name, ready_gpus(node)))
             if ready_gpus(node):
                 break
         assert seen == [("ADDED", "gpu-new-0", None), ("MODIFIED", "gpu-new-0", "8")]
-        eventually(lambda: custom.get_namespaced_custom_object(*NODESET, kube_namespace, "nodesets", "gpu").get(
-            "status", {}).get("replicas") == 1)
+        eventually(
+            lambda: (
+                custom.get_namespaced_custom_object(*NODESET, kube_namespace, "nodesets", "gpu")
+                .get("status", {})
+                .get("replicas")
+                == 1
+            )
+        )
     assert provisioner.created == ["gpu-new-0"]
 
 
@@ -87,8 +109,9 @@ def test_provisioner_replaces_a_deleted_node(core, kube_client, kube_seed, kube_
 
 def test_provisioner_replaces_a_node_labelled_for_replacement(core, kube_client, kube_seed, kube_provisioner):
     kube_seed.node("gpu-3")
-    with kube_provisioner(kube_client, replace_label="recovery/replace", ready_after=0.1, gpus=4,
-                     labels={"pool": "spare"}) as provisioner:
+    with kube_provisioner(
+        kube_client, replace_label="recovery/replace", ready_after=0.1, gpus=4, labels={"pool": "spare"}
+    ) as provisioner:
         core.patch_node("gpu-3", {"metadata": {"labels": {"recovery/replace": "xid-79"}}})
         eventually(lambda: provisioner.created and ready_gpus(core.read_node(provisioner.created[0])) == "4")
         core.patch_node("gpu-3", {"metadata": {"labels": {"touched": "again"}}})

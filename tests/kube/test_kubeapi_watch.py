@@ -40,8 +40,12 @@ def test_watch_from_a_resource_version_sees_only_later_events(core, kube_namespa
     core.create_namespaced_config_map(kube_namespace, cm("after"))
     core.patch_namespaced_config_map("after", kube_namespace, {"data": {"k": "v"}})
     core.delete_namespaced_config_map("after", kube_namespace)
-    stream = watch.Watch().stream(core.list_namespaced_config_map, kube_namespace,
-                                  resource_version=listed.metadata.resource_version, timeout_seconds=5)
+    stream = watch.Watch().stream(
+        core.list_namespaced_config_map,
+        kube_namespace,
+        resource_version=listed.metadata.resource_version,
+        timeout_seconds=5,
+    )
     assert events(stream, 3) == [("ADDED", "after"), ("MODIFIED", "after"), ("DELETED", "after")]
 
 
@@ -60,8 +64,12 @@ def test_watch_event_resource_versions_increase(core, kube_namespace):
     listed = core.list_namespaced_config_map(kube_namespace)
     for name in ("a", "b", "c"):
         core.create_namespaced_config_map(kube_namespace, cm(name))
-    stream = watch.Watch().stream(core.list_namespaced_config_map, kube_namespace,
-                                  resource_version=listed.metadata.resource_version, timeout_seconds=5)
+    stream = watch.Watch().stream(
+        core.list_namespaced_config_map,
+        kube_namespace,
+        resource_version=listed.metadata.resource_version,
+        timeout_seconds=5,
+    )
     versions = []
     for event in stream:
         versions.append(int(event["object"].metadata.resource_version))
@@ -76,8 +84,13 @@ def test_watch_applies_selectors_and_reports_objects_leaving_and_entering_them(c
     core.create_namespaced_config_map(kube_namespace, cm("y", role="other"))
     core.patch_namespaced_config_map("x", kube_namespace, {"metadata": {"labels": {"role": "busy"}}})
     core.patch_namespaced_config_map("y", kube_namespace, {"metadata": {"labels": {"role": "spare"}}})
-    stream = watch.Watch().stream(core.list_namespaced_config_map, kube_namespace, label_selector="role=spare",
-                                  resource_version=listed.metadata.resource_version, timeout_seconds=5)
+    stream = watch.Watch().stream(
+        core.list_namespaced_config_map,
+        kube_namespace,
+        label_selector="role=spare",
+        resource_version=listed.metadata.resource_version,
+        timeout_seconds=5,
+    )
     assert events(stream, 3) == [("ADDED", "x"), ("DELETED", "x"), ("ADDED", "y")]
 
 
@@ -87,23 +100,36 @@ def test_watch_with_a_field_selector_follows_one_nodes_pods(core, kube_namespace
     listed = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
     kube_seed.pod("elsewhere", kube_namespace)
     kube_seed.pod("here", kube_namespace, node=node)
-    stream = watch.Watch().stream(core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}",
-                                  resource_version=listed.metadata.resource_version, timeout_seconds=5)
+    stream = watch.Watch().stream(
+        core.list_pod_for_all_namespaces,
+        field_selector=f"spec.nodeName={node}",
+        resource_version=listed.metadata.resource_version,
+        timeout_seconds=5,
+    )
     assert events(stream, 2) == [("ADDED", "here"), ("MODIFIED", "here")]  # create, then the status write
 
 
 def test_watch_ends_after_timeout_seconds(core, kube_namespace):
     listed = core.list_namespaced_config_map(kube_namespace)
     started = time.monotonic()
-    seen = list(watch.Watch().stream(core.list_namespaced_config_map, kube_namespace,
-                                     resource_version=listed.metadata.resource_version, timeout_seconds=1))
+    seen = list(
+        watch.Watch().stream(
+            core.list_namespaced_config_map,
+            kube_namespace,
+            resource_version=listed.metadata.resource_version,
+            timeout_seconds=1,
+        )
+    )
     assert seen == [] and 0.9 < time.monotonic() - started < 5
 
 
 def test_watch_flag_spellings(kube_client, kube_namespace):
     def watch_with(flag: str) -> tuple[int, list[str]]:
-        status, body = raw_request(kube_client, "GET", f"/api/v1/namespaces/{kube_namespace}/configmaps"
-                                                       f"?watch={flag}&timeoutSeconds=1&resourceVersion=0")
+        status, body = raw_request(
+            kube_client,
+            "GET",
+            f"/api/v1/namespaces/{kube_namespace}/configmaps?watch={flag}&timeoutSeconds=1&resourceVersion=0",
+        )
         return status, [json.loads(line)["type"] for line in body.decode().splitlines()]
 
     client.CoreV1Api(kube_client).create_namespaced_config_map(kube_namespace, cm("a"))
@@ -116,13 +142,20 @@ def test_after_compaction_an_old_resource_version_is_410_and_a_relist_recovers(k
     core.create_namespaced_config_map(kube_namespace, cm("a"))
     old = kube_driver.expired_resource_version(listed)
     with pytest.raises(client.ApiException) as expired:
-        list(watch.Watch().stream(core.list_namespaced_config_map, kube_namespace, resource_version=old,
-                                  timeout_seconds=1))
+        list(
+            watch.Watch().stream(
+                core.list_namespaced_config_map, kube_namespace, resource_version=old, timeout_seconds=1
+            )
+        )
     assert expired.value.status == 410
     relisted = core.list_namespaced_config_map(kube_namespace)
     core.create_namespaced_config_map(kube_namespace, cm("b"))
-    stream = watch.Watch().stream(core.list_namespaced_config_map, kube_namespace,
-                                  resource_version=relisted.metadata.resource_version, timeout_seconds=5)
+    stream = watch.Watch().stream(
+        core.list_namespaced_config_map,
+        kube_namespace,
+        resource_version=relisted.metadata.resource_version,
+        timeout_seconds=5,
+    )
     assert events(stream, 1) == [("ADDED", "b")]
 
 
@@ -131,8 +164,11 @@ def test_the_error_event_is_a_410_expired_status(kube_driver, kube_client, kube_
     listed = core.list_namespaced_config_map(kube_namespace).metadata.resource_version
     core.create_namespaced_config_map(kube_namespace, cm("a"))  # history moves past it
     old = kube_driver.expired_resource_version(listed)
-    status, body = raw_request(kube_client, "GET", f"/api/v1/namespaces/{kube_namespace}/configmaps"
-                                                   f"?watch=true&timeoutSeconds=1&resourceVersion={old}")
+    status, body = raw_request(
+        kube_client,
+        "GET",
+        f"/api/v1/namespaces/{kube_namespace}/configmaps?watch=true&timeoutSeconds=1&resourceVersion={old}",
+    )
     event = json.loads(body)
     assert status == 200 and event["type"] == "ERROR"
     assert (event["object"]["kind"], event["object"]["code"], event["object"]["reason"]) == ("Status", 410, "Expired")

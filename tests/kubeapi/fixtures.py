@@ -125,14 +125,23 @@ class RealClusterDriver:
 
     def finish_terminating_pods(self, namespace: str, node: str | None = None) -> int:
         selector = f"spec.nodeName={node}" if node else ""
-        pods = [p for p in self.core.list_namespaced_pod(namespace, field_selector=selector).items
-                if p.metadata.deletion_timestamp is not None]
+        pods = [
+            p
+            for p in self.core.list_namespaced_pod(namespace, field_selector=selector).items
+            if p.metadata.deletion_timestamp is not None
+        ]
         for pod in pods:
-            self.core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0,
-                                            body=client.V1DeleteOptions(preconditions={"uid": pod.metadata.uid}))
+            self.core.delete_namespaced_pod(
+                pod.metadata.name,
+                namespace,
+                grace_period_seconds=0,
+                body=client.V1DeleteOptions(preconditions={"uid": pod.metadata.uid}),
+            )
         names = {p.metadata.name for p in pods}
-        eventually(lambda: not names & {p.metadata.name for p in self.core.list_namespaced_pod(namespace).items},
-                   timeout=self.DEADLINE)
+        eventually(
+            lambda: not names & {p.metadata.name for p in self.core.list_namespaced_pod(namespace).items},
+            timeout=self.DEADLINE,
+        )
         return len(pods)
 
     def settle_budget(self, budget: client.V1PodDisruptionBudget) -> client.V1PodDisruptionBudget:
@@ -171,8 +180,9 @@ def kube_namespace(kube_simulator, kube_client, kube_upstream_client):
     core.create_namespace({"metadata": {"name": name}})
     if kube_simulator is None:
         # A real cluster admits pods only once its controller has made the default ServiceAccount.
-        eventually(lambda: core.list_namespaced_service_account(name, field_selector="metadata.name=default").items,
-                   timeout=30)
+        eventually(
+            lambda: core.list_namespaced_service_account(name, field_selector="metadata.name=default").items, timeout=30
+        )
     yield name
     if kube_simulator is not None:  # the test server goes away whole
         return
@@ -190,19 +200,43 @@ class KubeSeed:
         self.driver = driver
         self.nodes: list[str] = []
 
-    def node(self, name: str, *, ready: bool = True, gpus: int = 8, labels: dict | None = None,
-             unschedulable: bool = False, taints: list[dict] | None = None) -> client.V1Node:
+    def node(
+        self,
+        name: str,
+        *,
+        ready: bool = True,
+        gpus: int = 8,
+        labels: dict | None = None,
+        unschedulable: bool = False,
+        taints: list[dict] | None = None,
+    ) -> client.V1Node:
         spec = {"unschedulable": True} if unschedulable else {}
         if taints:
             spec["taints"] = taints
         self.core.create_node({"metadata": {"name": name, "labels": labels or {}}, "spec": spec})
         self.nodes.append(name)
         resources = {"nvidia.com/gpu": str(gpus), "cpu": "64", "memory": "512Gi", "pods": "110"}
-        return self.core.patch_node_status(name, {"status": {"capacity": resources, "allocatable": resources,
-                                                             "conditions": [{"type": "Ready", "status": str(ready)}]}})
+        return self.core.patch_node_status(
+            name,
+            {
+                "status": {
+                    "capacity": resources,
+                    "allocatable": resources,
+                    "conditions": [{"type": "Ready", "status": str(ready)}],
+                }
+            },
+        )
 
-    def pod(self, name: str, namespace: str, *, node: str | None = None, labels: dict | None = None,
-            phase: str = "Running", grace: int | None = None) -> client.V1Pod:
+    def pod(
+        self,
+        name: str,
+        namespace: str,
+        *,
+        node: str | None = None,
+        labels: dict | None = None,
+        phase: str = "Running",
+        grace: int | None = None,
+    ) -> client.V1Pod:
         spec = {"containers": [{"name": "main", "image": "busybox"}]}
         if node:
             spec["nodeName"] = node
@@ -210,18 +244,27 @@ class KubeSeed:
             spec["terminationGracePeriodSeconds"] = grace
         self.core.create_namespaced_pod(namespace, {"metadata": {"name": name, "labels": labels or {}}, "spec": spec})
         ready = "True" if phase == "Running" else "False"
-        return self.core.patch_namespaced_pod_status(name, namespace, {"status": {
-            "phase": phase, "conditions": [{"type": "Ready", "status": ready}]}})
+        return self.core.patch_namespaced_pod_status(
+            name, namespace, {"status": {"phase": phase, "conditions": [{"type": "Ready", "status": ready}]}}
+        )
 
-    def pdb(self, name: str, namespace: str, match_labels: dict, *, min_available: int | str | None = None,
-            max_unavailable: int | str | None = None) -> client.V1PodDisruptionBudget:
+    def pdb(
+        self,
+        name: str,
+        namespace: str,
+        match_labels: dict,
+        *,
+        min_available: int | str | None = None,
+        max_unavailable: int | str | None = None,
+    ) -> client.V1PodDisruptionBudget:
         spec = {"selector": {"matchLabels": match_labels}}
         if min_available is not None:
             spec["minAvailable"] = min_available
         if max_unavailable is not None:
             spec["maxUnavailable"] = max_unavailable
         return self.driver.settle_budget(
-            self.policy.create_namespaced_pod_disruption_budget(namespace, {"metadata": {"name": name}, "spec": spec}))
+            self.policy.create_namespaced_pod_disruption_budget(namespace, {"metadata": {"name": name}, "spec": spec})
+        )
 
     def cleanup(self, core: client.CoreV1Api) -> None:
         self.delete_nodes(core, self.nodes)
@@ -253,6 +296,7 @@ def kube_provisioner(kube_simulator, kube_upstream_client):
     def new(*args, **kwargs) -> Provisioner:
         made.append(Provisioner(*args, **kwargs))
         return made[-1]
+
     yield new
     if kube_simulator is None:
         KubeSeed.delete_nodes(client.CoreV1Api(kube_upstream_client), [n for p in made for n in p.created])
@@ -278,8 +322,9 @@ def eventually(probe, *, timeout: float = 5.0, interval: float = 0.02):
         time.sleep(interval)
 
 
-def raw_request(api_client: client.ApiClient, method: str, path: str, *, body: object = None,
-                content_type: str = "application/json") -> tuple[int, bytes]:
+def raw_request(
+    api_client: client.ApiClient, method: str, path: str, *, body: object = None, content_type: str = "application/json"
+) -> tuple[int, bytes]:
     """A request the client's API methods cannot make (its REST layer turns a non-list JSON patch
     into a strategic merge patch), sent through its own connection pool, TLS and bearer token."""
     configuration = api_client.configuration
@@ -287,6 +332,6 @@ def raw_request(api_client: client.ApiClient, method: str, path: str, *, body: o
     if auth := configuration.auth_settings().get("BearerToken"):
         headers["Authorization"] = auth["value"]
     response = api_client.rest_client.pool_manager.request(
-        method, configuration.host + path, body=None if body is None else json.dumps(body), headers=headers,
-        timeout=10)
+        method, configuration.host + path, body=None if body is None else json.dumps(body), headers=headers, timeout=10
+    )
     return response.status, response.data

@@ -25,7 +25,8 @@ HISTORIES = Path(__file__).parent / "histories"
 RECOVERY = str(Path(sys.executable).parent / "recovery")
 STACK = {
     "RECOVERY_STATE_DIR": "/tmp/training-recovery-replay-record",
-    "RECOVERY_LOCAL_TEMPORAL_PORT": "7533", "RECOVERY_LOCAL_UI_PORT": "8533",
+    "RECOVERY_LOCAL_TEMPORAL_PORT": "7533",
+    "RECOVERY_LOCAL_UI_PORT": "8533",
     "RECOVERY_LOCAL_SLURM_PORT_BASE": "19800",
     # The task queue the Replayer runs on: ids named after it, like the spare claims', replay as recorded.
     "RECOVERY_TASK_QUEUE": f"replay-{REPLAY_BUILD_ID}",

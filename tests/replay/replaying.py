@@ -49,7 +49,8 @@ async def assert_every_run_replays(client: Client, task_queue: str) -> int:
             yield history
 
     results = await replayer(task_queue.removeprefix(REPLAYABLE_PREFIX)).replay_workflows(
-        histories(), raise_on_replay_failure=False)
+        histories(), raise_on_replay_failure=False
+    )
     failed = {run_id: str(failure)[:300] for run_id, failure in results.replay_failures.items()}
     assert not failed, f"runs that do not replay on the current code: {failed}"
     return len(seen)

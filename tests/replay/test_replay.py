@@ -50,10 +50,15 @@ def test_the_replayer_knows_every_workflow_the_worker_runs():
 def test_fixtures_cover_the_recorded_incidents():
     """The fixtures docs/upgrades.md lists are all there, each a real, complete incident."""
     names = {p.name for p in FIXTURES}
-    for expected in ("xid79-fatal.NodeRecoveryWorkflow.json", "xid79-fatal.ReturnToServiceWorkflow.json",
-                     "xid94-degrading.NodeRecoveryWorkflow.json", "xid13-application.NodeRecoveryWorkflow.json",
-                     "no-spare.NodeRecoveryWorkflow.json", "drill-xid79-dry-run.NodeRecoveryWorkflow.json",
-                     "drill-xid79-k8s.NodeRecoveryWorkflow.json"):
+    for expected in (
+        "xid79-fatal.NodeRecoveryWorkflow.json",
+        "xid79-fatal.ReturnToServiceWorkflow.json",
+        "xid94-degrading.NodeRecoveryWorkflow.json",
+        "xid13-application.NodeRecoveryWorkflow.json",
+        "no-spare.NodeRecoveryWorkflow.json",
+        "drill-xid79-dry-run.NodeRecoveryWorkflow.json",
+        "drill-xid79-k8s.NodeRecoveryWorkflow.json",
+    ):
         assert expected in names, f"missing fixture {expected}: re-record (docs/upgrades.md)"
     for path in FIXTURES:
         if path.name.endswith(".NodeRecoveryWorkflow.json"):

@@ -19,8 +19,9 @@ class NodeRecoveryWithAnExtraStep(NodeRecoveryWorkflow):
 
     @workflow.run
     async def run(self, req: RecoveryRequest) -> IncidentReport:
-        await workflow.execute_activity("record_incident_opened", req.node,
-                                        start_to_close_timeout=timedelta(seconds=10))
+        await workflow.execute_activity(
+            "record_incident_opened", req.node, start_to_close_timeout=timedelta(seconds=10)
+        )
         return await super().run(req)
 
 
@@ -31,8 +32,9 @@ class NodeRecoveryWithAPatchedStep(NodeRecoveryWorkflow):
     @workflow.run
     async def run(self, req: RecoveryRequest) -> IncidentReport:
         if workflow.patched("record-incident-opened"):
-            await workflow.execute_activity("record_incident_opened", req.node,
-                                            start_to_close_timeout=timedelta(seconds=10))
+            await workflow.execute_activity(
+                "record_incident_opened", req.node, start_to_close_timeout=timedelta(seconds=10)
+            )
         return await super().run(req)
 
 

@@ -31,9 +31,18 @@ from workflows.audit_trail import AuditTrail
 
 
 def event(n: int) -> AuditEvent:
-    return AuditEvent(incident="gpu-2-20261201T000000Z", at=datetime(2026, 12, 1, tzinfo=timezone.utc),
-                      action="lease_granted", target="gpu-2", path="workflow", actor="policy", actor_kind="policy",
-                      reason="within budget", result="granted", event_id=f"fleet-budget/run-1/{n}")
+    return AuditEvent(
+        incident="gpu-2-20261201T000000Z",
+        at=datetime(2026, 12, 1, tzinfo=timezone.utc),
+        action="lease_granted",
+        target="gpu-2",
+        path="workflow",
+        actor="policy",
+        actor_kind="policy",
+        reason="within budget",
+        result="granted",
+        event_id=f"fleet-budget/run-1/{n}",
+    )
 
 
 @pytest.fixture
@@ -57,6 +66,7 @@ def counted(calls: list[str], name: str, real):
     def call(*args):
         calls.append(name)
         return real(*args)
+
     return call
 
 
@@ -66,8 +76,14 @@ async def test_a_full_disk_fails_the_write(sink_at):
     with pytest.raises(OSError, match="No space left on device"):
         await ActivityEnvironment().run(write_audit, event(1))
     with pytest.raises(OSError, match="No space left on device"):
-        record("drain_node", "gpu-2", "cli", ActionContext(
-            incident_id="gpu-2-20261201T000000Z", owner="recovery", actor="alertmanager", reason="XID 79", xid=79))
+        record(
+            "drain_node",
+            "gpu-2",
+            "cli",
+            ActionContext(
+                incident_id="gpu-2-20261201T000000Z", owner="recovery", actor="alertmanager", reason="XID 79", xid=79
+            ),
+        )
 
 
 async def test_a_batch_is_one_open_one_write_and_one_fsync(sink_at, tmp_path, monkeypatch):
@@ -90,7 +106,10 @@ async def test_logrotate_move_and_create_needs_no_signal(sink_at, tmp_path):
     path.rename(tmp_path / "audit.jsonl.2")  # or no create: the next batch creates it
     await ActivityEnvironment().run(write_audit, event(3))
     assert [event_ids(tmp_path / name) for name in ("audit.jsonl.1", "audit.jsonl.2", "audit.jsonl")] == [
-        ["fleet-budget/run-1/1"], ["fleet-budget/run-1/2"], ["fleet-budget/run-1/3"]]
+        ["fleet-budget/run-1/1"],
+        ["fleet-budget/run-1/2"],
+        ["fleet-budget/run-1/3"],
+    ]
 
 
 async def test_a_torn_last_line_does_not_swallow_the_next(sink_at, tmp_path):
@@ -100,7 +119,10 @@ async def test_a_torn_last_line_does_not_swallow_the_next(sink_at, tmp_path):
     first, torn, third, fourth = path.read_text().splitlines()
     assert torn == event(2).model_dump_json()[:40]
     assert [json.loads(line)["event_id"] for line in (first, third, fourth)] == [
-        "fleet-budget/run-1/1", "fleet-budget/run-1/3", "fleet-budget/run-1/4"]
+        "fleet-budget/run-1/1",
+        "fleet-budget/run-1/3",
+        "fleet-budget/run-1/4",
+    ]
 
 
 @workflow.defn(sandboxed=False)
@@ -108,13 +130,15 @@ class DecidesOnce:
     @workflow.run
     async def run(self) -> None:
         trail = AuditTrail()
-        trail.decision("lease_granted", incident="gpu-2-20261201T000000Z", node="gpu-2", reason="within budget",
-                       result="granted")
+        trail.decision(
+            "lease_granted", incident="gpu-2-20261201T000000Z", node="gpu-2", reason="within budget", result="granted"
+        )
         await trail.flush()
 
 
-async def test_an_unwritable_log_is_retried_until_the_line_is_written(time_skipping_env, sink_at, tmp_path,
-                                                                      monkeypatch):
+async def test_an_unwritable_log_is_retried_until_the_line_is_written(
+    time_skipping_env, sink_at, tmp_path, monkeypatch
+):
     """The directory is replaced by a file (no line can be opened), and back after three attempts."""
     directory = tmp_path / "logs"
     directory.mkdir()
@@ -122,11 +146,17 @@ async def test_an_unwritable_log_is_retried_until_the_line_is_written(time_skipp
     directory.rename(tmp_path / "logs.away")
     directory.write_text("not a directory")
     attempts: list[str] = []
-    monkeypatch.setattr(contracts.audit.AuditFile, "append",
-                        counted(attempts, "append", contracts.audit.AuditFile.append))
+    monkeypatch.setattr(
+        contracts.audit.AuditFile, "append", counted(attempts, "append", contracts.audit.AuditFile.append)
+    )
     client, task_queue = time_skipping_env.client, f"audit-{uuid.uuid4()}"
-    async with Worker(client, task_queue=task_queue, workflows=[DecidesOnce], activities=[write_audit],
-                      workflow_runner=UnsandboxedWorkflowRunner()):
+    async with Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[DecidesOnce],
+        activities=[write_audit],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ):
         handle = await client.start_workflow(DecidesOnce.run, id=f"audit-{uuid.uuid4()}", task_queue=task_queue)
         async with asyncio.timeout(30):
             while len(attempts) < 3:  # the local activity fails, and is retried 200 ms later, then 400 ms

@@ -23,11 +23,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Each command with the arguments it needs to get as far as reading the configuration.
 COMMAND_ARGS = {
-    "drill": [], "inject": ["--node", "gpu-1", "--xid", "79"], "status": [], "list": [],
-    "describe": ["gpu-1"], "report": ["gpu-1"], "approve": ["gpu-1", "--reason", "r"],
-    "deny": ["gpu-1", "--reason", "r"], "abort": ["gpu-1", "--reason", "r"],
-    "release-quarantine": ["gpu-1", "--reason", "r"], "reset-breaker": ["--reason", "r"], "budget": [],
-    "config": [], "stack": ["status"],
+    "drill": [],
+    "inject": ["--node", "gpu-1", "--xid", "79"],
+    "status": [],
+    "list": [],
+    "describe": ["gpu-1"],
+    "report": ["gpu-1"],
+    "approve": ["gpu-1", "--reason", "r"],
+    "deny": ["gpu-1", "--reason", "r"],
+    "abort": ["gpu-1", "--reason", "r"],
+    "release-quarantine": ["gpu-1", "--reason", "r"],
+    "reset-breaker": ["--reason", "r"],
+    "budget": [],
+    "config": [],
+    "stack": ["status"],
     "hooks": [],
 }
 
@@ -36,10 +45,14 @@ BAD_ENVIRONMENTS = {
     "not a gate": {"RECOVERY_APPROVAL_REQUIRED": '["reboot"]'},
     "empty Slurm token": {"SLURMRESTD_TOKEN": ""},
     "blank Temporal API key": {"RECOVERY_TEMPORAL_API_KEY": "  "},
-    "blank webhook bearer token": {"RECOVERY_NOTIFY_WEBHOOK_URL": "https://hooks.example.net/x",
-                                   "RECOVERY_NOTIFY_BEARER_TOKEN": " \t"},
-    "empty webhook HMAC secret": {"RECOVERY_NOTIFY_WEBHOOK_URL": "https://hooks.example.net/x",
-                                  "RECOVERY_NOTIFY_HMAC_SECRET": ""},
+    "blank webhook bearer token": {
+        "RECOVERY_NOTIFY_WEBHOOK_URL": "https://hooks.example.net/x",
+        "RECOVERY_NOTIFY_BEARER_TOKEN": " \t",
+    },
+    "empty webhook HMAC secret": {
+        "RECOVERY_NOTIFY_WEBHOOK_URL": "https://hooks.example.net/x",
+        "RECOVERY_NOTIFY_HMAC_SECRET": "",
+    },
     "empty OTLP headers": {"OTEL_EXPORTER_OTLP_HEADERS": ""},
     "blank webhook URL": {"RECOVERY_NOTIFY_WEBHOOK_URL": "  "},
     "empty Slurm token file": {"SLURMRESTD_TOKEN_FILE": "/dev/null"},
@@ -52,10 +65,13 @@ BAD_ENVIRONMENTS = {
 def _run(argv: list[str], environment: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RECOVERY_", "SLURMRESTD_", "OTEL_"))}
     # Nothing may be started: a command that got past its configuration would fail to reach this.
-    env |= {"PYTHONPATH": str(ROOT), "TEMPORAL_ADDRESS": "127.0.0.1:1", "RECOVERY_STATE_DIR": str(tmp_path),
-            **environment}
-    return subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=60)
+    env |= {
+        "PYTHONPATH": str(ROOT),
+        "TEMPORAL_ADDRESS": "127.0.0.1:1",
+        "RECOVERY_STATE_DIR": str(tmp_path),
+        **environment,
+    }
+    return subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
 
 
 def _refused_in_one_line(done: subprocess.CompletedProcess[str], variable: str) -> None:
@@ -72,8 +88,7 @@ def test_every_command_is_listed():
 
 @pytest.mark.parametrize("command", sorted(COMMAND_ARGS))
 def test_every_command_refuses_an_invalid_approval_gate(command, tmp_path):
-    done = _run(["-m", "starter.cli", command, *COMMAND_ARGS[command]],
-                BAD_ENVIRONMENTS["not JSON"], tmp_path)
+    done = _run(["-m", "starter.cli", command, *COMMAND_ARGS[command]], BAD_ENVIRONMENTS["not JSON"], tmp_path)
     _refused_in_one_line(done, "RECOVERY_APPROVAL_REQUIRED")
 
 
@@ -86,6 +101,5 @@ def test_the_worker_and_recovery_config_refuse_a_bad_environment(case, tmp_path)
 
 
 def test_the_worker_refuses_an_empty_kubernetes_token(tmp_path):
-    done = _run([str(ROOT / "worker.py")], {"RECOVERY_K8S_ENABLED": "true", "RECOVERY_K8S_HTTP_TOKEN": ""},
-                tmp_path)
+    done = _run([str(ROOT / "worker.py")], {"RECOVERY_K8S_ENABLED": "true", "RECOVERY_K8S_HTTP_TOKEN": ""}, tmp_path)
     _refused_in_one_line(done, "RECOVERY_K8S_HTTP_TOKEN")

@@ -40,7 +40,8 @@ async def history_bytes(handle) -> int:
 
 
 async def test_a_flood_of_100000_alerts_on_a_waiting_incident_leaves_it_small_and_it_completes(
-        temporal_env, local_stack, drill, recovery_worker, settings):  # noqa: F811
+    temporal_env, local_stack, drill, recovery_worker, settings
+):  # noqa: F811
     drill.policy = drill.policy.model_copy(update={"approval_required": ["replacement"]})
     run = await drill.start(DrillOptions(xid=79))
 
@@ -53,8 +54,11 @@ async def test_a_flood_of_100000_alerts_on_a_waiting_incident_leaves_it_small_an
 
     app = build_app(settings, HookSettings(token=TOKEN, port=0), temporal_env.client)
     observed = datetime.now(timezone.utc)
-    async with listening(app.asgi(), app.settings) as url, httpx.AsyncClient(
-            base_url=url, headers={"authorization": f"Bearer {TOKEN}"}, timeout=60) as http:
+    async with (
+        listening(app.asgi(), app.settings) as url,
+        httpx.AsyncClient(base_url=url, headers={"authorization": f"Bearer {TOKEN}"}, timeout=60) as http,
+    ):
+
         async def post(first: int) -> dict:
             lines = [xid_line(79, pid=first + i) for i in range(PER_REQUEST)]
             answer = await http.post("/v1/alerts/kernel-log", json=kernel_log_post(run.node, lines, observed))
@@ -63,8 +67,9 @@ async def test_a_flood_of_100000_alerts_on_a_waiting_incident_leaves_it_small_an
 
         answers = []
         for wave in range(0, FLOOD, 8 * PER_REQUEST):  # 8 senders at once
-            answers += await asyncio.gather(*(post(first) for first in range(wave, min(FLOOD, wave + 8 * PER_REQUEST),
-                                                                               PER_REQUEST)))
+            answers += await asyncio.gather(
+                *(post(first) for first in range(wave, min(FLOOD, wave + 8 * PER_REQUEST), PER_REQUEST))
+            )
         assert sum(a["accepted"] for a in answers) == FLOOD
 
         async def all_counted():

@@ -12,8 +12,7 @@ import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from starter.hooks.app import HookAnswer, ProblemAnswer, openapi_document
 from starter.hooks.settings import HookSettings
@@ -34,8 +33,16 @@ def answered_well(response: Answer) -> None:
         assert ProblemAnswer.model_validate(response.json()).problems
 
 
-@pytest.mark.parametrize("stamp", ["2026-02-30T00:17:36+00:00", "2026-11-30T25:00:00Z", "2026-11-30T00:61:00Z",
-                                   "2026-11-30T00:17:36+99:99", "0000-01-01T00:00:00Z"])
+@pytest.mark.parametrize(
+    "stamp",
+    [
+        "2026-02-30T00:17:36+00:00",
+        "2026-11-30T25:00:00Z",
+        "2026-11-30T00:61:00Z",
+        "2026-11-30T00:17:36+99:99",
+        "0000-01-01T00:00:00Z",
+    ],
+)
 def test_a_kernel_log_line_with_an_impossible_time_is_a_422_naming_the_line(hook, stamp):  # noqa: F811
     hook.fresh()
     line = f"{stamp} gpu-2 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
@@ -46,10 +53,20 @@ def test_a_kernel_log_line_with_an_impossible_time_is_a_422_naming_the_line(hook
 
 
 # Times in the RFC 3339 shape with any digits: impossible dates, hours, offsets, the ends of the calendar.
-rfc3339_shaped = st.from_regex(r"\A[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(:[0-9]{2}([.,][0-9]{1,12})?)?"
-                               r"(Z|z|[+-][0-9]{2}:?[0-9]{2})?\Z")
-edge_times = st.sampled_from(["9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00+23:59", "9999-12-31T23:59:59Z",
-                              "0001-01-01T00:00:00Z", "2026-02-29T00:00:00Z", "2024-02-29T00:00:00Z"])
+rfc3339_shaped = st.from_regex(
+    r"\A[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(:[0-9]{2}([.,][0-9]{1,12})?)?"
+    r"(Z|z|[+-][0-9]{2}:?[0-9]{2})?\Z"
+)
+edge_times = st.sampled_from(
+    [
+        "9999-12-31T23:59:59-23:59",
+        "0001-01-01T00:00:00+23:59",
+        "9999-12-31T23:59:59Z",
+        "0001-01-01T00:00:00Z",
+        "2026-02-29T00:00:00Z",
+        "2024-02-29T00:00:00Z",
+    ]
+)
 times = rfc3339_shaped | edge_times
 numbers = st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=False), st.just(10**400))
 
@@ -81,12 +98,18 @@ def test_fuzzed_times_and_numbers_in_every_source_never_give_a_500(hook, case): 
     answered_well(hook.post(*case))
 
 
-@pytest.mark.parametrize("source, body", [
-    ("gpu-health", '{"node": "gpu-2", "node": "gpu-7", "xid": 79, "gpu_index": 0, '
-                   '"observed_at": "%s", "source": "dcgm-health"}'),
-    ("kernel-log", '{"node": "gpu-2", "lines": ["not a line"], "lines": ["%s"]}'),
-    ("alertmanager", None),
-])
+@pytest.mark.parametrize(
+    "source, body",
+    [
+        (
+            "gpu-health",
+            '{"node": "gpu-2", "node": "gpu-7", "xid": 79, "gpu_index": 0, '
+            '"observed_at": "%s", "source": "dcgm-health"}',
+        ),
+        ("kernel-log", '{"node": "gpu-2", "lines": ["not a line"], "lines": ["%s"]}'),
+        ("alertmanager", None),
+    ],
+)
 def test_a_key_twice_in_an_object_is_refused_400(hook, source, body):  # noqa: F811
     # Each body is valid with its last value of the key, which is what a lenient parser would take.
     hook.fresh()
@@ -114,11 +137,17 @@ def field_schema(document: dict, model: str, field: str) -> dict:
 def schema_accepts(schema: dict, value: object) -> bool:
     """The few JSON Schema keywords these checks use (no validator library is a dependency)."""
     if schema.get("type") == "string":
-        return (isinstance(value, str) and schema.get("minLength", 0) <= len(value) <= schema.get("maxLength", 1e9)
-                and ("pattern" not in schema or re.search(schema["pattern"], value) is not None))
+        return (
+            isinstance(value, str)
+            and schema.get("minLength", 0) <= len(value) <= schema.get("maxLength", 1e9)
+            and ("pattern" not in schema or re.search(schema["pattern"], value) is not None)
+        )
     if schema.get("type") == "integer":
-        return (isinstance(value, int) and not isinstance(value, bool)
-                and schema.get("minimum", -1e99) <= value <= schema.get("maximum", 1e99))
+        return (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and schema.get("minimum", -1e99) <= value <= schema.get("maximum", 1e99)
+        )
     raise AssertionError(f"no check for {schema}")
 
 
@@ -136,8 +165,7 @@ NODE_LIKE = st.text(alphabet="abz09.-_ [],", max_size=70) | st.sampled_from(["",
 @pytest.mark.parametrize("model, field, source, put", AGREEMENT, ids=[f"{m}.{f}" for m, f, *_ in AGREEMENT])
 @examples(300)
 @given(data=st.data())
-def test_the_openapi_document_and_the_code_agree_on_each_fields_rule(
-        hook, model, field, source, put, data):  # noqa: F811
+def test_the_openapi_document_and_the_code_agree_on_each_fields_rule(hook, model, field, source, put, data):  # noqa: F811
     schema = field_schema(DOCUMENT, model, field)
     value = data.draw(st.integers(-5, 1005) if schema["type"] == "integer" else NODE_LIKE)
     hook.fresh()

@@ -35,8 +35,9 @@ def body(node: str = "gpu-2") -> bytes:
 
 async def post(app: HookApp, content: bytes, headers: dict) -> httpx.Response:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app.asgi()), base_url="http://hook") as c:
-        return await c.post("/v1/alerts/gpu-health", content=content,
-                            headers={"content-type": "application/json"} | headers)
+        return await c.post(
+            "/v1/alerts/gpu-health", content=content, headers={"content-type": "application/json"} | headers
+        )
 
 
 def problem_locs(response: httpx.Response, status: int) -> list[str]:
@@ -76,21 +77,35 @@ async def test_a_signature_is_valid_only_within_the_window(age, status):
         assert problem_locs(response, 401) == [f"headers.{TIMESTAMP_HEADER}"]
 
 
-@pytest.mark.parametrize("nonce, status", [("n" * 15, 401), ("n" * 16, 200), ("n" * 128, 200), ("n" * 129, 401),
-                                           ("has space in it 0123", 401), ("ü" * 20, 401)])
+@pytest.mark.parametrize(
+    "nonce, status",
+    [
+        ("n" * 15, 401),
+        ("n" * 16, 200),
+        ("n" * 128, 200),
+        ("n" * 129, 401),
+        ("has space in it 0123", 401),
+        ("ü" * 20, 401),
+    ],
+)
 async def test_the_nonce_is_16_to_128_plain_characters(nonce, status):
     app, _ = hook()
     content, now = body(), int(time.time())
-    headers = {TIMESTAMP_HEADER: str(now), NONCE_HEADER: nonce,
-               SIGNATURE_HEADER: sign(KEY.encode(), content, now, nonce)}
+    headers = {
+        TIMESTAMP_HEADER: str(now),
+        NONCE_HEADER: nonce,
+        SIGNATURE_HEADER: sign(KEY.encode(), content, now, nonce),
+    }
     response = await post(app, content, {k: v.encode() for k, v in headers.items()})
     assert response.status_code == status, response.text
 
 
 def test_the_nonce_cache_is_bounded_503_when_full_of_unexpired_nonces_and_frees_as_they_expire():
     clock = [1_000_000.0]
-    auth = Authenticator(HookSettings(auth=["hmac"], hmac_key=KEY, nonce_cache_size=3,
-                                      signature_window_seconds=300), clock=lambda: clock[0])
+    auth = Authenticator(
+        HookSettings(auth=["hmac"], hmac_key=KEY, nonce_cache_size=3, signature_window_seconds=300),
+        clock=lambda: clock[0],
+    )
     content = b"{}"
     for _ in range(3):
         auth.check(signed_headers(KEY.encode(), content, now=clock[0]), content)
@@ -106,7 +121,8 @@ async def test_a_full_nonce_cache_answers_503_with_a_json_problem():
     first, second = body("gpu-2"), body("gpu-3")
     assert (await post(app, first, signed_headers(KEY.encode(), first))).status_code == 200
     assert problem_locs(await post(app, second, signed_headers(KEY.encode(), second)), 503) == [
-        f"headers.{NONCE_HEADER}"]
+        f"headers.{NONCE_HEADER}"
+    ]
     assert len(incidents.calls) == 1
 
 

@@ -18,16 +18,22 @@ from starter.hooks.settings import HookSettings
 HOOK = [sys.executable, "-m", "starter.cli", "hooks"]  # `recovery hooks`, from this checkout
 
 
-@pytest.mark.parametrize("variable, value", [
-    ("RECOVERY_HOOKS_TOKEN", ""),
-    ("RECOVERY_HOOKS_TOKEN", "  "),
-    ("RECOVERY_HOOKS_HMAC_KEY", ""),
-    ("RECOVERY_HOOKS_HMAC_KEY", " \t "),
-])
+@pytest.mark.parametrize(
+    "variable, value",
+    [
+        ("RECOVERY_HOOKS_TOKEN", ""),
+        ("RECOVERY_HOOKS_TOKEN", "  "),
+        ("RECOVERY_HOOKS_HMAC_KEY", ""),
+        ("RECOVERY_HOOKS_HMAC_KEY", " \t "),
+    ],
+)
 def test_the_hook_refuses_to_start_with_an_empty_secret(variable, value):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECOVERY_HOOKS_")} | {
-        "RECOVERY_HOOKS_AUTH": "bearer,hmac", "RECOVERY_HOOKS_TOKEN": "a-real-token",
-        "RECOVERY_HOOKS_HMAC_KEY": "a-real-key", variable: value, "RECOVERY_HOOKS_PORT": "0",
+        "RECOVERY_HOOKS_AUTH": "bearer,hmac",
+        "RECOVERY_HOOKS_TOKEN": "a-real-token",
+        "RECOVERY_HOOKS_HMAC_KEY": "a-real-key",
+        variable: value,
+        "RECOVERY_HOOKS_PORT": "0",
         "TEMPORAL_ADDRESS": "127.0.0.1:9",  # nothing listens: a hook that got this far would not start either
     }
     done = subprocess.run(HOOK, env=env, capture_output=True, text=True, timeout=60)

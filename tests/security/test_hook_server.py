@@ -34,10 +34,15 @@ MiB = 1 << 20
 def hook(temporal_env, log: Path, **settings: str) -> Iterator[tuple[int, int]]:
     """`recovery hooks` from this checkout with these RECOVERY_HOOKS_* settings; yields (pid, port)."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RECOVERY_HOOKS_")} | {
-        "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "RECOVERY_HOOKS_PORT": str(port), "RECOVERY_HOOKS_TOKEN": TOKEN,
-    } | {f"RECOVERY_HOOKS_{k.upper()}": v for k, v in settings.items()}
+    env = (
+        {k: v for k, v in os.environ.items() if not k.startswith("RECOVERY_HOOKS_")}
+        | {
+            "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+            "RECOVERY_HOOKS_PORT": str(port),
+            "RECOVERY_HOOKS_TOKEN": TOKEN,
+        }
+        | {f"RECOVERY_HOOKS_{k.upper()}": v for k, v in settings.items()}
+    )
     with process([sys.executable, "-m", "starter.cli", "hooks"], env, log) as proc:
         deadline = time.monotonic() + 60
         while not healthy(port, settings.get("tls_cert_file")):
@@ -112,8 +117,10 @@ async def test_a_20_mib_header_is_refused_431_without_growing_the_hooks_memory(h
     before = rss_bytes(pid)
     status, sent = send_huge_header(port, 20 * MiB)
     after = rss_bytes(pid)
-    print(f"\n20 MiB header: answered {status} after {sent / 1024:.0f} KiB sent; "
-          f"RSS {before / MiB:.1f} -> {after / MiB:.1f} MiB")
+    print(
+        f"\n20 MiB header: answered {status} after {sent / 1024:.0f} KiB sent; "
+        f"RSS {before / MiB:.1f} -> {after / MiB:.1f} MiB"
+    )
     assert status == 431
     # Answered before the header ended (how much the client wrote by then is the sockets' buffers: 0.5-3 MiB).
     assert sent < 20 * MiB
@@ -151,8 +158,10 @@ async def test_connections_that_never_finish_their_headers_are_closed_after_10_s
     finally:
         for sock in idle:
             sock.close()
-    print(f"\n200 idle connections: held {held_at_1s} at 1 s, {held_at_8s} at 8 s, {held_at_12s} at 12 s; "
-          f"hook's open fds {fds_before} -> {fds_at_1s} -> {fds_at_12s}")
+    print(
+        f"\n200 idle connections: held {held_at_1s} at 1 s, {held_at_8s} at 8 s, {held_at_12s} at 12 s; "
+        f"hook's open fds {fds_before} -> {fds_at_1s} -> {fds_at_12s}"
+    )
     assert (held_at_1s, held_at_8s, held_at_12s) == (200, 200, 0)
     assert fds_at_12s <= fds_before + 2
 
@@ -170,7 +179,8 @@ def still_open(sockets: list[socket.socket]) -> int:
 
 
 async def test_connections_beyond_the_cap_are_answered_503_and_closed_and_a_kept_alive_request_has_the_deadline(
-        temporal_env, tmp_path):
+    temporal_env, tmp_path
+):
     with hook(temporal_env, tmp_path / "hooks.log", max_connections="20", header_timeout_seconds="2") as (_, port):
         with socket.create_connection(("127.0.0.1", port), timeout=10) as kept_alive:
             kept_alive.sendall(b"GET /healthz HTTP/1.1\r\nhost: hook\r\n\r\n")
@@ -195,21 +205,49 @@ async def test_connections_beyond_the_cap_are_answered_503_and_closed_and_a_kept
 
 async def test_tls_serves_https_with_the_configured_certificate(temporal_env, tmp_path):
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=hook",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=hook",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     with hook(temporal_env, tmp_path / "hooks.log", tls_cert_file=str(cert), tls_key_file=str(key)) as (_, port):
         with httpx.Client(verify=ssl.create_default_context(cafile=str(cert))) as https:
-            response = https.post(f"https://127.0.0.1:{port}/v1/alerts/gpu-health", content=b"{}",
-                                  headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
+            response = https.post(
+                f"https://127.0.0.1:{port}/v1/alerts/gpu-health",
+                content=b"{}",
+                headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/json"},
+            )
         assert response.status_code == 422, response.text  # through TLS to the hook's validation
         with pytest.raises(httpx.TransportError), httpx.Client() as plain:
             plain.get(f"http://127.0.0.1:{port}/healthz")
     assert "https://" in (tmp_path / "hooks.log").read_text()
 
 
-@pytest.mark.parametrize("tls, words", [({"tls_cert_file": __file__}, "needs both"),
-                                        ({"tls_cert_file": "/nonexistent.pem", "tls_key_file": __file__}, "file")])
+@pytest.mark.parametrize(
+    "tls, words",
+    [
+        ({"tls_cert_file": __file__}, "needs both"),
+        ({"tls_cert_file": "/nonexistent.pem", "tls_key_file": __file__}, "file"),
+    ],
+)
 def test_a_tls_configuration_that_cannot_work_is_refused_at_start(tls, words):
     with pytest.raises(ValidationError) as refused:
         HookSettings(token=TOKEN, **tls)

@@ -53,11 +53,22 @@ def small_fleet(local_stack):
 async def recovery(temporal_env, task_queue: str, key: Path, *args: str) -> subprocess.CompletedProcess:
     """The CLI as a process of its own, signing with `key`, waited for off the event loop (the
     worker runs on it)."""
-    env = {**os.environ, "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-           "TEMPORAL_NAMESPACE": temporal_env.client.namespace, "RECOVERY_TASK_QUEUE": task_queue,
-           "RECOVERY_OPERATOR_KEY_FILE": str(key)}
-    return await asyncio.to_thread(subprocess.run, [RECOVERY, *args], capture_output=True, text=True, timeout=120,
-                                   env=env, stdin=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+        "TEMPORAL_NAMESPACE": temporal_env.client.namespace,
+        "RECOVERY_TASK_QUEUE": task_queue,
+        "RECOVERY_OPERATOR_KEY_FILE": str(key),
+    }
+    return await asyncio.to_thread(
+        subprocess.run,
+        [RECOVERY, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 async def test_one_request_for_every_node_drains_half_and_holds_the_rest(temporal_env, small_fleet):
@@ -69,14 +80,18 @@ async def test_one_request_for_every_node_drains_half_and_holds_the_rest(tempora
         healthy.set()
         settings = stack_settings(stack, cluster, task_queue, notify_webhook_url=url, repair_wait_seconds=1)
         slurm = await build_slurm(settings, resources)
-        await resources.enter_async_context(serving(temporal_env.client, settings,
-                                                    activities_for(settings, slurm, temporal_env.client)))
+        await resources.enter_async_context(
+            serving(temporal_env.client, settings, activities_for(settings, slurm, temporal_env.client))
+        )
         app = build_app(settings, HookSettings(token=TOKEN, port=0), temporal_env.client)
         now = datetime.now(timezone.utc)
-        async with listening(app.asgi(), app.settings) as hook, httpx.AsyncClient(
-                base_url=hook, headers={"authorization": f"Bearer {TOKEN}"}, timeout=60) as http:
-            answer = await http.post("/v1/alerts/alertmanager",
-                                     json=alertmanager_payload([dcgm_alert(node, 79, now) for node in nodes]))
+        async with (
+            listening(app.asgi(), app.settings) as hook,
+            httpx.AsyncClient(base_url=hook, headers={"authorization": f"Bearer {TOKEN}"}, timeout=60) as http,
+        ):
+            answer = await http.post(
+                "/v1/alerts/alertmanager", json=alertmanager_payload([dcgm_alert(node, 79, now) for node in nodes])
+            )
             assert answer.status_code == 200 and answer.json()["accepted"] == NODES, answer.text
         budget = temporal_env.client.get_workflow_handle_for(FleetBudgetWorkflow.run, budget_id)
 
@@ -97,7 +112,7 @@ async def test_one_request_for_every_node_drains_half_and_holds_the_rest(tempora
             incident = temporal_env.client.get_workflow_handle(incident_workflow_id(node))
 
             async def at_the_breaker_gate():  # the budget holds it first; the incident then hears so
-                status = await status_if_answered(incident)
+                status = await status_if_answered(incident)  # noqa: B023 (awaited in this iteration)
                 return status if status is not None and status.awaiting_approval is not None else None
 
             status = await wait_async(at_the_breaker_gate, 60, f"{node}'s incident to wait at the breaker gate")
@@ -114,20 +129,36 @@ async def test_one_request_for_every_node_drains_half_and_holds_the_rest(tempora
         reset_at = datetime.now(timezone.utc)
         stack.ensure_operator_key("alice")
         alice = stack.operator_key_file_of("alice")
-        reset = await recovery(temporal_env, task_queue, alice, "reset-breaker", "--reason", "the PDU was replaced",
-                               "--actor", "alice")
+        reset = await recovery(
+            temporal_env, task_queue, alice, "reset-breaker", "--reason", "the PDU was replaced", "--actor", "alice"
+        )
         assert reset.returncode == 0, reset.stdout + reset.stderr
         assert "fence circuit breaker reset by alice; closed; 0 incident(s) still held" in reset.stdout
-        again = await recovery(temporal_env, task_queue, alice, "reset-breaker", "--reason", "twice", "--actor", "alice")
+        again = await recovery(
+            temporal_env, task_queue, alice, "reset-breaker", "--reason", "twice", "--actor", "alice"
+        )
         assert again.returncode == 2 and "not tripped" in again.stderr, again.stdout + again.stderr
 
-        reports = await asyncio.wait_for(asyncio.gather(*(
-            temporal_env.client.get_workflow_handle_for(NodeRecoveryWorkflow.run, incident_workflow_id(node)).result()
-            for node in nodes)), 300)
+        reports = await asyncio.wait_for(
+            asyncio.gather(
+                *(
+                    temporal_env.client.get_workflow_handle_for(
+                        NodeRecoveryWorkflow.run, incident_workflow_id(node)
+                    ).result()
+                    for node in nodes
+                )
+            ),
+            300,
+        )
         await budget.cancel()
     assert all(r.outcome.startswith("no_replacement") for r in reports), [r.outcome for r in reports]
     drained_at = {r.node: a.at for r in reports for a in r.actions if a.action == "drain_node" and a.executed}
     assert drained_at.keys() == set(nodes)  # the held ones too, once the breaker was reset
     assert {node for node, at in drained_at.items() if at >= reset_at} == held
-    assert sum(n.kind == NotificationKind.BREAKER_TRIPPED
-               for n in (Notification.model_validate_json(body) for _, body in received)) == 1
+    assert (
+        sum(
+            n.kind == NotificationKind.BREAKER_TRIPPED
+            for n in (Notification.model_validate_json(body) for _, body in received)
+        )
+        == 1
+    )

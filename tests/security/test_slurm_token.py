@@ -109,8 +109,14 @@ def newest_cluster(local_stack: LocalStack, slurm_cluster: dict[str, str]) -> di
 
 
 def script(local_stack: LocalStack, *argv: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(SLURM_SCRIPT), *argv], env={**local_stack.slurm_env(), **env},
-                          capture_output=True, text=True, timeout=60, check=True)
+    return subprocess.run(
+        ["bash", str(SLURM_SCRIPT), *argv],
+        env={**local_stack.slurm_env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
 
 
 @pytest.mark.slurm
@@ -127,9 +133,13 @@ async def test_the_local_token_is_private_short_lived_and_renewed(local_stack, n
     try:
         await rest.discover()
         # A renewer at half a 4 s lifespan: the file is replaced within 2 s, and again.
-        quick = subprocess.Popen(["bash", str(SLURM_SCRIPT), "renew-tokens"], start_new_session=True,
-                                 env={**local_stack.slurm_env(), "SLURM_TOKEN_LIFESPAN": "4"},
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        quick = subprocess.Popen(
+            ["bash", str(SLURM_SCRIPT), "renew-tokens"],
+            start_new_session=True,
+            env={**local_stack.slurm_env(), "SLURM_TOKEN_LIFESPAN": "4"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             seen = {token_file.stat().st_ino}
             deadline = time.monotonic() + 8

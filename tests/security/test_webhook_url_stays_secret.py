@@ -33,10 +33,21 @@ from contracts.settings import load_settings
 from workflows.notify import NotificationWorkflow
 
 ROOT = Path(__file__).resolve().parents[2]
-SECRET_PARTS = ("hook-user-7f3a", "hook-password-7f3a", "T0SECRET7F3A", "xoxb-path-secret-7f3a", "query-token-7f3a",
-                "hmac-secret-7f3a")
-NOTIFICATION = Notification(kind=NotificationKind.RECOVERED, incident_id="gpu-2-20261201T000000Z", node="gpu-2",
-                            at=datetime(2026, 12, 1, tzinfo=timezone.utc), summary="recovered")
+SECRET_PARTS = (
+    "hook-user-7f3a",
+    "hook-password-7f3a",
+    "T0SECRET7F3A",
+    "xoxb-path-secret-7f3a",
+    "query-token-7f3a",
+    "hmac-secret-7f3a",
+)
+NOTIFICATION = Notification(
+    kind=NotificationKind.RECOVERED,
+    incident_id="gpu-2-20261201T000000Z",
+    node="gpu-2",
+    at=datetime(2026, 12, 1, tzinfo=timezone.utc),
+    summary="recovered",
+)
 
 
 class _Answer(BaseHTTPRequestHandler):
@@ -74,8 +85,10 @@ def worker_logging(caplog) -> Iterator[pytest.LogCaptureFixture]:
 
 
 def secret_url(port: int) -> str:
-    return (f"http://hook-user-7f3a:hook-password-7f3a@127.0.0.1:{port}"
-            "/services/T0SECRET7F3A/xoxb-path-secret-7f3a?token=query-token-7f3a")
+    return (
+        f"http://hook-user-7f3a:hook-password-7f3a@127.0.0.1:{port}"
+        "/services/T0SECRET7F3A/xoxb-path-secret-7f3a?token=query-token-7f3a"
+    )
 
 
 def assert_no_secret(text: str) -> None:
@@ -89,8 +102,9 @@ async def test_a_delivery_leaves_no_secret_in_the_logs_or_the_history(time_skipp
     client, task_queue = time_skipping_env.client, f"notify-{uuid.uuid4()}"
     deliver = NotifyActivities(settings.webhook_target()).deliver_notification
     async with worker.build_worker(client, task_queue, [deliver]):
-        handle = await client.start_workflow(NotificationWorkflow.run, NOTIFICATION, id=f"notify-{uuid.uuid4()}",
-                                             task_queue=task_queue)
+        handle = await client.start_workflow(
+            NotificationWorkflow.run, NOTIFICATION, id=f"notify-{uuid.uuid4()}", task_queue=task_queue
+        )
         result = await handle.result()
         history = (await handle.fetch_history()).to_json()
     assert result.delivered and result.status_code == 204
@@ -115,11 +129,21 @@ async def test_a_failed_delivery_says_no_secret(webhook_port, worker_logging, mo
 def test_recovery_config_shows_where_the_webhook_is_and_its_fingerprint(tmp_path):
     url = secret_url(8443)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECOVERY_")}
-    env |= {"PYTHONPATH": str(ROOT), "RECOVERY_NOTIFY_WEBHOOK_URL": url, "RECOVERY_NOTIFY_HMAC_SECRET": "hmac-secret-7f3a",
-            "COLUMNS": "250"}  # the table's value column unwrapped
+    env |= {
+        "PYTHONPATH": str(ROOT),
+        "RECOVERY_NOTIFY_WEBHOOK_URL": url,
+        "RECOVERY_NOTIFY_HMAC_SECRET": "hmac-secret-7f3a",
+        "COLUMNS": "250",
+    }  # the table's value column unwrapped
     for argv in (["config"], ["config", "--json"]):
-        done = subprocess.run([sys.executable, "-m", "starter.cli", *argv], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "starter.cli", *argv],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         assert_no_secret(done.stdout + done.stderr)
         assert f"http://127.0.0.1:8443 ({fingerprint(url)})" in done.stdout

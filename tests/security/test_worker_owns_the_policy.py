@@ -30,11 +30,13 @@ async def recorded_policy(handle) -> RecoveryPolicy:
 
 
 async def test_a_starter_cannot_take_a_gate_away_but_can_ask_for_a_dry_run(temporal_env, local_stack, slurm_cluster):
-    async with fleet(temporal_env, local_stack, slurm_cluster, accept_starter_policy=False,
-                     approval_required=["replacement"]) as f:
+    async with fleet(
+        temporal_env, local_stack, slurm_cluster, accept_starter_policy=False, approval_required=["replacement"]
+    ) as f:
         # The starter asks for no gate, no spares and no grace: the worker's gate stands.
-        f.drill.policy = f.drill.policy.model_copy(update={
-            "approval_required": [], "spare_nodes": [], "degrading_grace_seconds": 0.0})
+        f.drill.policy = f.drill.policy.model_copy(
+            update={"approval_required": [], "spare_nodes": [], "degrading_grace_seconds": 0.0}
+        )
         run = await f.drill.start(DrillOptions(xid=79))
 
         async def at_the_gate():

@@ -9,8 +9,9 @@ T0 = datetime(2026, 12, 3, tzinfo=timezone.utc)
 
 
 def alert(i: int, source: str = "kernel-log") -> NodeFailureAlert:
-    return NodeFailureAlert(node="gpu-2", xid=79, source=source, actor="hook", reason=f"line {i}",
-                            observed_at=T0 + timedelta(seconds=i))
+    return NodeFailureAlert(
+        node="gpu-2", xid=79, source=source, actor="hook", reason=f"line {i}", observed_at=T0 + timedelta(seconds=i)
+    )
 
 
 def test_keeps_the_first_and_last_few_of_each_source_and_counts_all():
@@ -21,7 +22,13 @@ def test_keeps_the_first_and_last_few_of_each_source_and_counts_all():
     assert len(kept) == 2 * (KEEP_FIRST + KEEP_LAST)
     assert log.first is not None and log.first.reason == "line 0"
     assert [a.reason for a in kept if a.source == "alertmanager"] == [
-        "line 0", "line 2", "line 4", "line 9994", "line 9996", "line 9998"]
+        "line 0",
+        "line 2",
+        "line 4",
+        "line 9994",
+        "line 9996",
+        "line 9998",
+    ]
     assert [a.observed_at for a in kept] == sorted(a.observed_at for a in kept)  # arrival order
     assert log.counts() == {"alertmanager": 5_000, "kernel-log": 5_000}
 

@@ -4,16 +4,19 @@ import inspect
 
 import pytest
 
-from backends.slurm import SlurmBackend, SlurmClient, SlurmCommandError, SlurmNotFound
 from backends.replacement import SPARE_STANDBY_REASON
+from backends.slurm import SlurmBackend, SlurmClient, SlurmCommandError, SlurmNotFound
 from bench.harness import OPERATIONS, ScaleSlurm, node_name, spare_name
 
 NO_LATENCY: dict[str, float] = {}
 
 
 def protocol_methods() -> dict[str, inspect.Signature]:
-    return {name: inspect.signature(member) for name, member in vars(SlurmBackend).items()
-            if inspect.isfunction(member) and not name.startswith("_")}
+    return {
+        name: inspect.signature(member)
+        for name, member in vars(SlurmBackend).items()
+        if inspect.isfunction(member) and not name.startswith("_")
+    }
 
 
 def test_every_protocol_method_with_the_same_signature():

@@ -35,26 +35,40 @@ class History:
         return event.event_id
 
     def scheduled(self, ms: float, name: str) -> int:
-        return self.add(ms, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
-                        activity_task_scheduled_event_attributes=ActivityTaskScheduledEventAttributes(
-                            activity_type=ActivityType(name=name)))
+        return self.add(
+            ms,
+            EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+            activity_task_scheduled_event_attributes=ActivityTaskScheduledEventAttributes(
+                activity_type=ActivityType(name=name)
+            ),
+        )
 
     def local(self, recorded_ms: float, name: str, completed_ms: float) -> None:
         """A local activity's marker as core writes it, recorded with its workflow task."""
         done = SINCE + timedelta(milliseconds=completed_ms)
-        data = {"seq": len(self.events), "attempt": 1, "activity_type": name,
-                "complete_time": {"seconds": int(done.timestamp()), "nanos": done.microsecond * 1000}}
+        data = {
+            "seq": len(self.events),
+            "attempt": 1,
+            "activity_type": name,
+            "complete_time": {"seconds": int(done.timestamp()), "nanos": done.microsecond * 1000},
+        }
         marker = MarkerRecordedEventAttributes(marker_name="core_local_activity")
         marker.details["data"].payloads.append(Payload(data=json.dumps(data).encode()))
         self.add(recorded_ms, EventType.EVENT_TYPE_MARKER_RECORDED, marker_recorded_event_attributes=marker)
 
     def ran(self, started_ms: float, completed_ms: float, scheduled_id: int) -> None:
-        self.add(started_ms, EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED,
-                 activity_task_started_event_attributes=ActivityTaskStartedEventAttributes(
-                     scheduled_event_id=scheduled_id))
-        self.add(completed_ms, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,
-                 activity_task_completed_event_attributes=ActivityTaskCompletedEventAttributes(
-                     scheduled_event_id=scheduled_id))
+        self.add(
+            started_ms,
+            EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED,
+            activity_task_started_event_attributes=ActivityTaskStartedEventAttributes(scheduled_event_id=scheduled_id),
+        )
+        self.add(
+            completed_ms,
+            EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,
+            activity_task_completed_event_attributes=ActivityTaskCompletedEventAttributes(
+                scheduled_event_id=scheduled_id
+            ),
+        )
 
 
 def test_steps_one_after_another():
@@ -65,8 +79,13 @@ def test_steps_one_after_another():
     history.ran(95, 120, signal)
 
     assert [(name, round(s * 1000)) for name, s in timeline(history.events, SINCE, "signal_job")] == [
-        ("workflow task -> drain_node", 30), ("drain_node in the task queue", 1), ("drain_node at the worker", 39),
-        ("workflow task -> signal_job", 25), ("signal_job in the task queue", 0), ("signal_job at the worker", 25)]
+        ("workflow task -> drain_node", 30),
+        ("drain_node in the task queue", 1),
+        ("drain_node at the worker", 39),
+        ("workflow task -> signal_job", 25),
+        ("signal_job in the task queue", 0),
+        ("signal_job at the worker", 25),
+    ]
 
 
 def test_activities_scheduled_together_each_wait_from_the_same_end():
@@ -128,8 +147,12 @@ def test_local_activities_count_from_the_last_end_before_they_completed():
     history.ran(170, 180, history.scheduled(165, "requeue_job"))
 
     assert [(name, round(s * 1000)) for name, s in timeline(history.events, SINCE, "signal_job")] == [
-        ("drain_node, local activity", 35), ("partition_shares, local activity", 15),
-        ("find_jobs, local activity", 14), ("request_lease, local activity", 10), ("signal_job, local activity", 70)]
+        ("drain_node, local activity", 35),
+        ("partition_shares, local activity", 15),
+        ("find_jobs, local activity", 14),
+        ("request_lease, local activity", 10),
+        ("signal_job, local activity", 70),
+    ]
 
 
 def test_a_local_activity_done_before_the_clock_started_counts_nothing():
@@ -138,25 +161,37 @@ def test_a_local_activity_done_before_the_clock_started_counts_nothing():
     history.local(5, "drain_node", 30)
 
     assert [(name, round(s * 1000)) for name, s in timeline(history.events, SINCE, "drain_node")] == [
-        ("classify_fault, local activity", 0), ("drain_node, local activity", 30)]
+        ("classify_fault, local activity", 0),
+        ("drain_node, local activity", 30),
+    ]
 
 
 def _workflow_task_scheduled(history: History, ms: float, kind: TaskQueueKind.ValueType) -> int:
-    return history.add(ms, EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
-                       workflow_task_scheduled_event_attributes=WorkflowTaskScheduledEventAttributes(
-                           task_queue=TaskQueue(name="q", kind=kind)))
+    return history.add(
+        ms,
+        EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
+        workflow_task_scheduled_event_attributes=WorkflowTaskScheduledEventAttributes(
+            task_queue=TaskQueue(name="q", kind=kind)
+        ),
+    )
 
 
 def _workflow_task_started(history: History, ms: float, scheduled_id: int) -> None:
-    history.add(ms, EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
-                workflow_task_started_event_attributes=WorkflowTaskStartedEventAttributes(
-                    scheduled_event_id=scheduled_id))
+    history.add(
+        ms,
+        EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
+        workflow_task_started_event_attributes=WorkflowTaskStartedEventAttributes(scheduled_event_id=scheduled_id),
+    )
 
 
 def _workflow_task_timed_out(history: History, ms: float, scheduled_id: int, timeout: TimeoutType.ValueType) -> None:
-    history.add(ms, EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT,
-                workflow_task_timed_out_event_attributes=WorkflowTaskTimedOutEventAttributes(
-                    scheduled_event_id=scheduled_id, timeout_type=timeout))
+    history.add(
+        ms,
+        EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT,
+        workflow_task_timed_out_event_attributes=WorkflowTaskTimedOutEventAttributes(
+            scheduled_event_id=scheduled_id, timeout_type=timeout
+        ),
+    )
 
 
 def test_workflow_task_waits_count_the_queue_each_task_waited_in():
@@ -179,8 +214,10 @@ def test_workflow_task_waits_count_the_queue_each_task_waited_in():
 
     assert waits.waits == [0.005, 3.0, 0.001, 0.005]
     assert (waits.on_sticky_queue, waits.left_the_sticky_queue, waits.timed_out_at_the_worker) == (2, 1, 1)
-    assert "4 started (2 scheduled on the worker's sticky queue, 1 of them timed out there unstarted; " \
-           "1 timed out at the worker), waited in a task queue p50 5 ms, p99 3000 ms, max 3000 ms" == waits.summary()
+    assert (
+        "4 started (2 scheduled on the worker's sticky queue, 1 of them timed out there unstarted; "
+        "1 timed out at the worker), waited in a task queue p50 5 ms, p99 3000 ms, max 3000 ms" == waits.summary()
+    )
 
 
 def test_workflow_task_waits_without_a_task():

@@ -72,8 +72,12 @@ def test_median_and_percentile():
 
 
 def test_render_aligns_and_marks_misses():
-    text = render([row("reaction p50", 0.224, "s", 0.043, goal("value <= 0.5", "ratio <= 1.5")),
-                   row("storm incidents", 500, "", 500, goal("value == baseline"))])
+    text = render(
+        [
+            row("reaction p50", 0.224, "s", 0.043, goal("value <= 0.5", "ratio <= 1.5")),
+            row("storm incidents", 500, "", 500, goal("value == baseline")),
+        ]
+    )
     lines = text.splitlines()
     assert lines[0].split() == ["benchmark", "value", "baseline", "ratio", "goal", "met"]
     assert "0.224 s" in lines[2] and "5.21x" in lines[2] and lines[2].endswith("NO")

@@ -33,15 +33,27 @@ def ledger(**policy) -> BudgetLedger:
     return BudgetLedger(BudgetState(policy=BudgetPolicy(**policy)), "fleet-budget-test", "first-run")
 
 
-def request(n: int, node: str | None = None, jobs: int = 0, partitions: dict[str, int] | None = None,
-            incident: str | None = None, run_id: str = RUN_1, job_ids: list[int] | None = None) -> LeaseRequest:
+def request(
+    n: int,
+    node: str | None = None,
+    jobs: int = 0,
+    partitions: dict[str, int] | None = None,
+    incident: str | None = None,
+    run_id: str = RUN_1,
+    job_ids: list[int] | None = None,
+) -> LeaseRequest:
     """`jobs` of the node's own (ids 100 n, 100 n + 1, ...), or the jobs `job_ids`."""
     node = node or f"gpu-{n}"
     job_ids = job_ids if job_ids is not None else [100 * n + job for job in range(jobs)]
     return LeaseRequest(
-        incident_id=incident or f"{node}-incident-{n}", node=node, workflow_id=f"node-recovery-{node}", run_id=run_id,
+        incident_id=incident or f"{node}-incident-{n}",
+        node=node,
+        workflow_id=f"node-recovery-{node}",
+        run_id=run_id,
         partitions=[PartitionShare(name=p, size=s) for p, s in (partitions or {}).items()],
-        running_jobs=len(job_ids), job_ids=job_ids)
+        running_jobs=len(job_ids),
+        job_ids=job_ids,
+    )
 
 
 def ask(book: BudgetLedger, req: LeaseRequest, at: datetime = T0):
@@ -61,15 +73,24 @@ def test_at_most_max_nodes_at_once_then_first_come_first_served():
     assert states[2].reason == "2 of 2 nodes already under remediation"
     events = book.release(states[0].incident_id, "done", T0 + timedelta(minutes=5))
     assert [(e.kind, e.incident_id) for e in events] == [
-        (TimelineKind.RELEASED, states[0].incident_id), (TimelineKind.GRANTED, states[2].incident_id)]
+        (TimelineKind.RELEASED, states[0].incident_id),
+        (TimelineKind.GRANTED, states[2].incident_id),
+    ]
     assert book.lease_state(states[3].incident_id).waiting
 
 
-@pytest.mark.parametrize("fraction, size, share", [
-    (0.1, 10, 1), (0.1, 19, 1), (0.1, 20, 2), (0.29, 100, 29), (0.25, 8, 2),
-    (0.1, 5, 1),  # 0.5 rounds down to 0: still one node, or the partition could never be remediated
-    (1.0, 3, 3),
-])
+@pytest.mark.parametrize(
+    "fraction, size, share",
+    [
+        (0.1, 10, 1),
+        (0.1, 19, 1),
+        (0.1, 20, 2),
+        (0.29, 100, 29),
+        (0.25, 8, 2),
+        (0.1, 5, 1),  # 0.5 rounds down to 0: still one node, or the partition could never be remediated
+        (1.0, 3, 3),
+    ],
+)
 def test_partition_share_is_the_floor_of_the_fraction_and_at_least_one(fraction, size, share):
     assert BudgetPolicy(partition_fraction=fraction).partition_share("gpu", size) == share
 
@@ -188,7 +209,12 @@ def test_operator_approval_grants_over_budget_and_says_whose_it_is():
     assert (state.granted, state.over_budget, state.granted_by) == (True, True, "alice")
     assert state.reason == f"approved over budget by alice: training deadline (was waiting: {waiting_reason})"
     granted = book.state.timeline[-1]
-    assert (granted.kind, granted.actor, granted.actor_kind, granted.holders) == (TimelineKind.GRANTED, "alice", "operator", 2)
+    assert (granted.kind, granted.actor, granted.actor_kind, granted.holders) == (
+        TimelineKind.GRANTED,
+        "alice",
+        "operator",
+        2,
+    )
 
 
 def test_a_lease_held_too_long_expires_and_the_next_is_granted():
@@ -224,7 +250,11 @@ def test_three_incidents_in_the_window_make_a_lemon_until_an_operator_releases_i
     release = QuarantineRelease(node="gpu-7", actor="bob", reason="GPU board replaced")
     [event] = book.release_quarantine(release, T0 + 31 * DAY)
     assert (event.kind, event.actor, event.actor_kind, event.detail) == (
-        TimelineKind.QUARANTINE_RELEASED, "bob", "operator", "GPU board replaced")
+        TimelineKind.QUARANTINE_RELEASED,
+        "bob",
+        "operator",
+        "GPU board replaced",
+    )
     status = book.quarantine_status("gpu-7", T0 + 31 * DAY)
     assert not status.quarantined and status.incidents_in_window == []
     assert (status.last_release.released_by, status.last_release.release_reason) == ("bob", "GPU board replaced")
@@ -240,7 +270,9 @@ def test_incidents_spread_beyond_the_window_do_not_make_a_lemon():
         book.release(state.incident_id, "recovered", T0 + day * DAY)
     assert not state.quarantined
     assert [m.incident_id for m in book.quarantine_status("gpu-7", T0 + 8 * DAY).incidents_in_window] == [
-        "gpu-7-incident-1", "gpu-7-incident-2"]
+        "gpu-7-incident-1",
+        "gpu-7-incident-2",
+    ]
 
 
 def test_timeline_is_bounded_and_counts_holders_after_each_event():
@@ -280,8 +312,13 @@ def test_a_ledger_continued_from_its_state_decides_as_the_live_one(seed):
     scanning them for each request; a ledger built from the same state, as the budget is after
     continue-as-new, must decide every next step exactly as the live one."""
     rng = random.Random(seed)
-    policy = dict(max_nodes=6, max_disrupted_jobs=8, partition_fractions={"a": 0.5}, lease_max_seconds=3600,
-                  disruption_window_seconds=1800)
+    policy = dict(
+        max_nodes=6,
+        max_disrupted_jobs=8,
+        partition_fractions={"a": 0.5},
+        lease_max_seconds=3600,
+        disruption_window_seconds=1800,
+    )
     live = ledger(**policy)
     now, asked = T0, []
     for step in range(300):
@@ -289,20 +326,24 @@ def test_a_ledger_continued_from_its_state_decides_as_the_live_one(seed):
         continued = BudgetLedger(live.state.model_copy(deep=True), "fleet-budget-test", "first-run")
         choice = rng.random()
         if choice < 0.5 or not asked:
-            req = request(step, node=f"gpu-{rng.randrange(12)}", job_ids=rng.choice([[], [1], [2], [1, 2], [step]]),
-                          partitions=rng.choice([{}, {"a": 4}, {"b": 8}, {"a": 4, "b": 8}]))
+            req = request(
+                step,
+                node=f"gpu-{rng.randrange(12)}",
+                job_ids=rng.choice([[], [1], [2], [1, 2], [step]]),
+                partitions=rng.choice([{}, {"a": 4}, {"b": 8}, {"a": 4, "b": 8}]),
+            )
             asked.append(req)
-            act = lambda book: book.request(req, now)  # noqa: E731
+            act = lambda book: book.request(req, now)  # noqa: E731, B023 (called in this iteration)
         elif choice < 0.65:
             again = rng.choice(asked)  # a repeated request, or one with an operator's approval
             if rng.random() < 0.3:
                 again = again.model_copy(update={"approval": OperatorDecision(actor="dana", reason="urgent")})
-            act = lambda book: book.request(again, now)  # noqa: E731
+            act = lambda book: book.request(again, now)  # noqa: E731, B023 (called in this iteration)
         elif choice < 0.9:
             gone = rng.choice(asked).incident_id
-            act = lambda book: book.release(gone, "done", now)  # noqa: E731
+            act = lambda book: book.release(gone, "done", now)  # noqa: E731, B023 (called in this iteration)
         else:
-            act = lambda book: book.expire_overdue(now)  # noqa: E731
+            act = lambda book: book.expire_overdue(now)  # noqa: E731, B023 (called in this iteration)
         assert act(continued) == act(live), step
         assert continued.state == live.state, step
         assert continued.next_deadline(now) == live.next_deadline(now), step

@@ -19,11 +19,20 @@ def test_a_malformed_partition_fraction_is_refused_with_its_text(text):
         partition_fractions_from(text)
 
 
-@pytest.mark.parametrize("fields", [
-    {"max_nodes": 0}, {"partition_fraction": 0}, {"partition_fraction": 1.5}, {"partition_fractions": {"gpu": 0}},
-    {"partition_fractions": {"gpu[1]": 0.2}}, {"max_disrupted_jobs": 0}, {"lemon_incidents": 1},
-    {"lease_max_seconds": 0}, {"history_limit": 10},
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"max_nodes": 0},
+        {"partition_fraction": 0},
+        {"partition_fraction": 1.5},
+        {"partition_fractions": {"gpu": 0}},
+        {"partition_fractions": {"gpu[1]": 0.2}},
+        {"max_disrupted_jobs": 0},
+        {"lemon_incidents": 1},
+        {"lease_max_seconds": 0},
+        {"history_limit": 10},
+    ],
+)
 def test_a_policy_out_of_bounds_is_refused(fields):
     with pytest.raises(ValidationError):
         BudgetPolicy(**fields)

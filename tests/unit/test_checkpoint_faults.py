@@ -14,8 +14,8 @@ import pytest
 from backends.checkpoints import CheckpointStore
 from starter.drill import corrupt_latest_checkpoint
 from starter.localstack import StackError
-from trainer.checkpoint import BEING_WRITTEN, find_latest_complete, read_resume_records, save_checkpoint
 from tests.unit.test_trainer_job import Jobs, jobs, wait_for  # noqa: F401 (the jobs fixture)
+from trainer.checkpoint import BEING_WRITTEN, find_latest_complete, read_resume_records, save_checkpoint
 
 FILES = {"model.json": b'{"weights": [1.0, 2.0], "bias": 0.5}', "optimizer.json": b'{"velocity": [0.0]}'}
 STEPS = (10, 20, 30)
@@ -79,8 +79,11 @@ def test_only_a_checkpoint_can_be_broken(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("kind", list(WHY))
-def test_the_reference_job_never_resumes_from_an_incomplete_checkpoint(jobs: Jobs, tmp_path: Path,  # noqa: F811
-                                                                       kind: str) -> None:
+def test_the_reference_job_never_resumes_from_an_incomplete_checkpoint(
+    jobs: Jobs,
+    tmp_path: Path,  # noqa: F811
+    kind: str,
+) -> None:
     """A job stopped by SIGTERM (its emergency checkpoint is the newest), its checkpoints broken
     as the drill breaks them, then restarted as Slurm restarts a requeued job."""
     run_dir = tmp_path / "run"

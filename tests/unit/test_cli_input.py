@@ -19,21 +19,30 @@ NO_SERVER = {"TEMPORAL_ADDRESS": "127.0.0.1:9"}
 
 
 def recovery(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([RECOVERY, *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **NO_SERVER, **(env or {})}, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [RECOVERY, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **NO_SERVER, **(env or {})},
+        stdin=subprocess.DEVNULL,
+    )
 
 
-@pytest.mark.parametrize("args, problem", [
-    (["describe", "gpu-[1-2]"], "invalid node name"),
-    (["report", "gpu-1;reboot"], "invalid node name"),
-    (["approve", "gpu-1", "--reason", ""], "reason"),
-    (["deny", "gpu-1", "--reason", "no", "--actor", ""], "actor"),
-    (["abort", "gpu-1"], "Missing option '--reason'"),
-    (["list", "--outcome", "recovered' OR WorkflowId != '"], "use letters, digits"),
-    (["list", "--node", "gpu-1 OR 1=1"], "invalid node name"),
-    (["stack", "sideways"], "'sideways' is not one of"),
-    (["drill", "--slurm-version", "23.02"], "'23.02' is not one of"),
-])
+@pytest.mark.parametrize(
+    "args, problem",
+    [
+        (["describe", "gpu-[1-2]"], "invalid node name"),
+        (["report", "gpu-1;reboot"], "invalid node name"),
+        (["approve", "gpu-1", "--reason", ""], "reason"),
+        (["deny", "gpu-1", "--reason", "no", "--actor", ""], "actor"),
+        (["abort", "gpu-1"], "Missing option '--reason'"),
+        (["list", "--outcome", "recovered' OR WorkflowId != '"], "use letters, digits"),
+        (["list", "--node", "gpu-1 OR 1=1"], "invalid node name"),
+        (["stack", "sideways"], "'sideways' is not one of"),
+        (["drill", "--slurm-version", "23.02"], "'23.02' is not one of"),
+    ],
+)
 def test_bad_input_is_refused_with_exit_2_before_any_connection(args, problem):
     result = recovery(*args)
     assert result.returncode == 2, result.stdout + result.stderr
@@ -74,7 +83,8 @@ def test_incident_references():
 def test_list_filters_become_one_visibility_query():
     assert incident_query("gpu-2", 79, "done", "recovered", running=False) == (
         "WorkflowType = 'NodeRecoveryWorkflow' AND RecoveryNode = 'gpu-2' AND RecoveryXid = 79"
-        " AND RecoveryPhase = 'done' AND RecoveryOutcome = 'recovered'")
+        " AND RecoveryPhase = 'done' AND RecoveryOutcome = 'recovered'"
+    )
     assert incident_query(None, None, None, "failed in drain", running=True) == (
-        "WorkflowType = 'NodeRecoveryWorkflow' AND RecoveryOutcome = 'failed in drain'"
-        " AND ExecutionStatus = 'Running'")
+        "WorkflowType = 'NodeRecoveryWorkflow' AND RecoveryOutcome = 'failed in drain' AND ExecutionStatus = 'Running'"
+    )

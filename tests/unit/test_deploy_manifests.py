@@ -61,10 +61,15 @@ def test_every_object_survives_the_official_models(objects):
 
 
 def _granted(objects, kind: str) -> set[tuple[str, str, str]]:
-    return {(group, resource, verb)
-            for (k, _, _), obj in objects.items() if k == kind
-            for rule in obj["rules"] for group in rule["apiGroups"] for resource in rule["resources"]
-            for verb in rule["verbs"]}
+    return {
+        (group, resource, verb)
+        for (k, _, _), obj in objects.items()
+        if k == kind
+        for rule in obj["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
 
 
 def test_rbac_grants_exactly_what_the_code_calls(objects):
@@ -128,21 +133,31 @@ def test_every_container_is_probed_limited_and_unprivileged(objects):
 
 
 def _containers(objects) -> list[dict]:
-    return [container for (kind, _, _), obj in objects.items() if kind == "Deployment"
-            for container in obj["spec"]["template"]["spec"]["containers"]]
+    return [
+        container
+        for (kind, _, _), obj in objects.items()
+        if kind == "Deployment"
+        for container in obj["spec"]["template"]["spec"]["containers"]
+    ]
 
 
 def _suggested_config() -> dict[str, str]:
     """The `# NAME: value` lines config.yaml suggests for an overlay to uncomment."""
     lines = (BASE / "config.yaml").read_text().splitlines()
-    return dict(re.fullmatch(r"\s*# ([A-Z][A-Z0-9_]+): (.+)", line).groups() for line in lines
-                if re.fullmatch(r"\s*# [A-Z][A-Z0-9_]+: .+", line))
+    return dict(
+        re.fullmatch(r"\s*# ([A-Z][A-Z0-9_]+): (.+)", line).groups()
+        for line in lines
+        if re.fullmatch(r"\s*# [A-Z][A-Z0-9_]+: .+", line)
+    )
 
 
 def _variables(model, secret: bool | None = None) -> set[str]:
-    return {name for field, info in model.model_fields.items()
-            if secret is None or (info.annotation == SecretStr | None) == secret
-            for name in variable_names(model, field)}
+    return {
+        name
+        for field, info in model.model_fields.items()
+        if secret is None or (info.annotation == SecretStr | None) == secret
+        for name in variable_names(model, field)
+    }
 
 
 def test_every_temporal_variable_the_manifests_set_or_suggest_is_a_setting(objects):
@@ -153,21 +168,30 @@ def test_every_temporal_variable_the_manifests_set_or_suggest_is_a_setting(objec
     assert {"TEMPORAL_ADDRESS", "RECOVERY_TEMPORAL_API_KEY", "RECOVERY_TEMPORAL_TLS_CA"} <= temporal
     assert temporal <= _variables(Settings)
     # The suggested TLS files are where both Deployments mount the optional TLS Secret.
-    files = [value for name, value in suggested.items() if name.startswith("RECOVERY_TEMPORAL_TLS_") and value.startswith("/")]
+    files = [
+        value
+        for name, value in suggested.items()
+        if name.startswith("RECOVERY_TEMPORAL_TLS_") and value.startswith("/")
+    ]
     assert len(files) == 3
     for (kind, _, name), obj in objects.items():
         if kind != "Deployment":
             continue
         pod = obj["spec"]["template"]["spec"]
-        (volume,) = [v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == "training-recovery-temporal-tls"]
+        (volume,) = [
+            v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == "training-recovery-temporal-tls"
+        ]
         assert volume["secret"]["optional"], f"{name}: a plain Temporal needs no TLS Secret"
         (mount,) = [m for c in pod["containers"] for m in c["volumeMounts"] if m["name"] == volume["name"]]
         assert mount["readOnly"] and all(f.startswith(mount["mountPath"] + "/") for f in files), name
 
 
 def test_secrets_are_not_in_config_maps_and_come_from_secrets(objects):
-    secrets = _variables(Settings, secret=True) | _variables(KubernetesSettings, secret=True) | _variables(
-        HookSettings, secret=True)
+    secrets = (
+        _variables(Settings, secret=True)
+        | _variables(KubernetesSettings, secret=True)
+        | _variables(HookSettings, secret=True)
+    )
     assert {"RECOVERY_TEMPORAL_API_KEY", "SLURMRESTD_TOKEN", "RECOVERY_K8S_HTTP_TOKEN"} <= secrets
     for (kind, _, name), obj in objects.items():
         if kind == "ConfigMap":
@@ -185,7 +209,9 @@ PYPROJECT = tomllib.loads((BASE.parents[1] / "pyproject.toml").read_text())
 
 def _instructions() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) of the Containerfile, continuation lines joined, comments left out."""
-    text = re.sub(r"\\\n", " ", "\n".join(l for l in IMAGE.read_text().splitlines() if not l.lstrip().startswith("#")))
+    text = re.sub(
+        r"\\\n", " ", "\n".join(line for line in IMAGE.read_text().splitlines() if not line.lstrip().startswith("#"))
+    )
     return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in text.splitlines() if line.strip()]
 
 
@@ -197,7 +223,9 @@ def test_the_image_installs_what_pyproject_installs(objects):
     modules = {f"{module}.py" for module in setuptools["py-modules"]}
     assert copied == {"pyproject.toml", PYPROJECT["project"]["readme"]} | modules | packages
     (workdir, *_) = [args for op, args in instructions if op == "WORKDIR"]
-    assert any(op == "RUN" and re.search(rf"pip install --no-cache-dir {workdir}( |$)", args) for op, args in instructions)
+    assert any(
+        op == "RUN" and re.search(rf"pip install --no-cache-dir {workdir}( |$)", args) for op, args in instructions
+    )
     # The image the manifests run is this one, at pyproject's version, as the manifests' user.
     labels = dict(re.findall(r'(\S+)="([^"]*)"', next(args for op, args in instructions if op == "LABEL")))
     name, version = labels["org.opencontainers.image.title"], labels["org.opencontainers.image.version"]

@@ -32,12 +32,26 @@ def ledger(**policy) -> BudgetLedger:
     return BudgetLedger(BudgetState(policy=BudgetPolicy(**policy)), "fleet-budget-test", "first-run")
 
 
-def fence(n: int, node: str | None = None, fleet: int = 1000, partitions: dict[str, int] | None = None,
-          stage: LeaseStage = LeaseStage.FENCE, approval: OperatorDecision | None = None) -> LeaseRequest:
+def fence(
+    n: int,
+    node: str | None = None,
+    fleet: int = 1000,
+    partitions: dict[str, int] | None = None,
+    stage: LeaseStage = LeaseStage.FENCE,
+    approval: OperatorDecision | None = None,
+) -> LeaseRequest:
     node = node or f"gpu-{n}"
-    return LeaseRequest(incident_id=f"{node}-incident-{n}", node=node, workflow_id=f"node-recovery-{node}",
-                        run_id=RUN, running_jobs=0, stage=stage, fleet_nodes=fleet, approval=approval,
-                        partitions=[PartitionShare(name=p, size=s) for p, s in (partitions or {}).items()])
+    return LeaseRequest(
+        incident_id=f"{node}-incident-{n}",
+        node=node,
+        workflow_id=f"node-recovery-{node}",
+        run_id=RUN,
+        running_jobs=0,
+        stage=stage,
+        fleet_nodes=fleet,
+        approval=approval,
+        partitions=[PartitionShare(name=p, size=s) for p, s in (partitions or {}).items()],
+    )
 
 
 def statuses(book: BudgetLedger, requests: list[LeaseRequest], at: datetime = T0) -> list[str]:
@@ -58,13 +72,16 @@ def test_a_storm_of_100_with_a_breaker_of_10_fences_exactly_10_and_trips_once():
     assert "recovery reset-breaker" in book.lease_state("gpu-50-incident-50").reason
 
 
-@pytest.mark.parametrize("policy, fleet, partitions, permitted", [
-    (dict(breaker_max_fences=100, breaker_fleet_fraction=0.5), 6, {}, 3),  # half of a 6-node fleet
-    (dict(breaker_max_fences=100, breaker_fleet_fraction=0.1), 5, {}, 1),  # floor 0.5 -> still 1
-    (dict(breaker_max_fences=2, breaker_fleet_fraction=1.0), 6, {}, 2),  # the absolute cap is smaller
-    (dict(breaker_max_fences=100, breaker_partition_fraction=0.25), 1000, {"gpu": 8}, 2),
-    (dict(breaker_max_fences=100, breaker_fleet_fraction=0.5), 0, {}, 100),  # fleet size unknown: the cap
-])
+@pytest.mark.parametrize(
+    "policy, fleet, partitions, permitted",
+    [
+        (dict(breaker_max_fences=100, breaker_fleet_fraction=0.5), 6, {}, 3),  # half of a 6-node fleet
+        (dict(breaker_max_fences=100, breaker_fleet_fraction=0.1), 5, {}, 1),  # floor 0.5 -> still 1
+        (dict(breaker_max_fences=2, breaker_fleet_fraction=1.0), 6, {}, 2),  # the absolute cap is smaller
+        (dict(breaker_max_fences=100, breaker_partition_fraction=0.25), 1000, {"gpu": 8}, 2),
+        (dict(breaker_max_fences=100, breaker_fleet_fraction=0.5), 0, {}, 100),  # fleet size unknown: the cap
+    ],
+)
 def test_the_smallest_limit_trips_it(policy, fleet, partitions, permitted):
     book = ledger(**policy)
     got = statuses(book, [fence(n, fleet=fleet, partitions=partitions) for n in range(permitted + 1)])
@@ -82,7 +99,11 @@ def test_a_partition_limit_holds_every_fence_once_tripped_even_in_other_partitio
 def test_a_node_fenced_in_the_window_is_not_counted_again():
     book = ledger(breaker_max_fences=2)
     assert statuses(book, [fence(1), fence(2), fence(3, node="gpu-1"), fence(4)]) == [
-        "fence_permitted", "fence_permitted", "fence_permitted", "fence_held"]
+        "fence_permitted",
+        "fence_permitted",
+        "fence_permitted",
+        "fence_held",
+    ]
 
 
 def test_fences_leave_the_window_but_a_tripped_breaker_stays_until_reset():
@@ -92,7 +113,9 @@ def test_fences_leave_the_window_but_a_tripped_breaker_stays_until_reset():
     assert statuses(book, [fence(3)], at=later) == ["fence_held"]
     closed = ledger(breaker_max_fences=1, breaker_window_seconds=300)
     assert statuses(closed, [fence(1)]) + statuses(closed, [fence(2)], at=T0 + timedelta(seconds=301)) == [
-        "fence_permitted", "fence_permitted"]
+        "fence_permitted",
+        "fence_permitted",
+    ]
 
 
 def test_a_reset_starts_the_count_again_and_weighs_the_held_in_arrival_order():
@@ -100,8 +123,13 @@ def test_a_reset_starts_the_count_again_and_weighs_the_held_in_arrival_order():
     statuses(book, [fence(n) for n in range(6)])
     events = book.reset_breaker(RESET, T0 + timedelta(minutes=1))
     assert [(e.kind.value, e.node) for e in events] == [
-        ("breaker_reset", None), ("fence_permitted", "gpu-2"), ("fence_permitted", "gpu-3"),
-        ("breaker_tripped", "gpu-4"), ("fence_held", "gpu-4"), ("fence_held", "gpu-5")]
+        ("breaker_reset", None),
+        ("fence_permitted", "gpu-2"),
+        ("fence_permitted", "gpu-3"),
+        ("breaker_tripped", "gpu-4"),
+        ("fence_held", "gpu-4"),
+        ("fence_held", "gpu-5"),
+    ]
     assert events[0].actor == "alice" and events[0].actor_kind == "operator"
     with pytest.raises(ValueError, match="not tripped"):
         ledger().reset_breaker(RESET, T0)
@@ -147,9 +175,12 @@ def test_a_held_incident_that_ends_withdraws_its_fence_and_a_reset_skips_it():
 def test_the_breaker_survives_continue_as_new():
     book = ledger(breaker_max_fences=2)
     statuses(book, [fence(n) for n in range(3)])
-    carried = BudgetLedger(BudgetState.model_validate_json(book.compacted(T0).model_dump_json()),
-                           "fleet-budget-test", "first-run")
+    carried = BudgetLedger(
+        BudgetState.model_validate_json(book.compacted(T0).model_dump_json()), "fleet-budget-test", "first-run"
+    )
     assert carried.status(T0).breaker is not None and len(carried.status(T0).fence_held) == 1
     assert statuses(carried, [fence(9)]) == ["fence_held"]
     assert [e.node for e in carried.reset_breaker(RESET, T0) if e.kind == TimelineKind.FENCE_PERMITTED] == [
-        "gpu-2", "gpu-9"]
+        "gpu-2",
+        "gpu-9",
+    ]

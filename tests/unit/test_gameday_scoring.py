@@ -30,23 +30,47 @@ T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 
 
 def report(**fields) -> IncidentReport:
-    base = dict(incident_id="gpu-2-20261130T120000Z", node="gpu-2", xid=79, fault_class=FaultClass.FATAL,
-                action="recover", outcome="recovered", failure_at=T0,
-                phases=[Phase(name="classify", started_at=T0 + timedelta(seconds=0.4))])
+    base = dict(
+        incident_id="gpu-2-20261130T120000Z",
+        node="gpu-2",
+        xid=79,
+        fault_class=FaultClass.FATAL,
+        action="recover",
+        outcome="recovered",
+        failure_at=T0,
+        phases=[Phase(name="classify", started_at=T0 + timedelta(seconds=0.4))],
+    )
     return IncidentReport(**{**base, **fields})
 
 
 def job(**fields) -> JobReport:
-    base = dict(job_id=7, restart_count=1, nodes_before=["gpu-1", "gpu-2"], nodes_after=["gpu-3", "gpu-4"],
-                verified=True, resumed_step=20, latest_complete_step=20, last_step_before_failure=23, lost_steps=3)
+    base = dict(
+        job_id=7,
+        restart_count=1,
+        nodes_before=["gpu-1", "gpu-2"],
+        nodes_after=["gpu-3", "gpu-4"],
+        verified=True,
+        resumed_step=20,
+        latest_complete_step=20,
+        last_step_before_failure=23,
+        lost_steps=3,
+    )
     return JobReport(**{**base, **fields})
 
 
-@pytest.mark.parametrize("comparison, measured, limit, met", [
-    ("<=", 4.9, 5.0, True), ("<=", 5.0, 5.0, True), ("<=", 5.1, 5.0, False),
-    ("==", 1, 1, True), ("==", 2, 1, False), (">=", 3, 2, True), (">=", 1, 2, False),
-    ("<=", None, 5.0, False),  # nothing measured is a miss, never a pass
-])
+@pytest.mark.parametrize(
+    "comparison, measured, limit, met",
+    [
+        ("<=", 4.9, 5.0, True),
+        ("<=", 5.0, 5.0, True),
+        ("<=", 5.1, 5.0, False),
+        ("==", 1, 1, True),
+        ("==", 2, 1, False),
+        (">=", 3, 2, True),
+        (">=", 1, 2, False),
+        ("<=", None, 5.0, False),  # nothing measured is a miss, never a pass
+    ],
+)
 def test_score_compares_the_measurement_with_its_limit(comparison, measured, limit, met):
     slo = score("x", measured, comparison, limit, " s")
     assert slo.met is met and slo.measured == measured and slo.target == f"{comparison} {limit:g} s"
@@ -93,14 +117,17 @@ def test_lost_progress_is_bounded_by_the_steps_since_the_latest_complete_checkpo
 
 
 def test_side_effects_must_each_happen_exactly_once():
-    once = SideEffects(requeues={7: 1}, drains={"i": 1}, drain_reasons={"gpu-2": True}, spare_claims={"i": 1},
-                       spare_comments={"i": 1})
+    once = SideEffects(
+        requeues={7: 1}, drains={"i": 1}, drain_reasons={"gpu-2": True}, spare_claims={"i": 1}, spare_comments={"i": 1}
+    )
     assert side_effects_slo(once, spares_expected=1).met
-    for twice in (SideEffects(**{**once.__dict__, "requeues": {7: 2}}),
-                  SideEffects(**{**once.__dict__, "drains": {"i": 2}}),
-                  SideEffects(**{**once.__dict__, "drain_reasons": {"gpu-2": False}}),
-                  SideEffects(**{**once.__dict__, "spare_claims": {"i": 2}, "spare_comments": {"i": 2}}),
-                  SideEffects(**{**once.__dict__, "spare_comments": {"i": 0}})):
+    for twice in (
+        SideEffects(**{**once.__dict__, "requeues": {7: 2}}),
+        SideEffects(**{**once.__dict__, "drains": {"i": 2}}),
+        SideEffects(**{**once.__dict__, "drain_reasons": {"gpu-2": False}}),
+        SideEffects(**{**once.__dict__, "spare_claims": {"i": 2}, "spare_comments": {"i": 2}}),
+        SideEffects(**{**once.__dict__, "spare_comments": {"i": 0}}),
+    ):
         slo = side_effects_slo(twice, spares_expected=1)
         assert not slo.met, twice
         assert slo.detail != "as expected"
@@ -111,8 +138,15 @@ def test_side_effects_must_each_happen_exactly_once():
 def test_scenario_names():
     assert scenario_names("all") == list(SCENARIOS)
     assert list(SCENARIOS)[-1] == "storm-20"  # the storm resizes the cluster: last
-    assert {"xid79-fatal", "xid94-degrading", "xid13-application", "storm-20", "worker-crash",
-            "incomplete-checkpoint", "no-spare"} == set(SCENARIOS)
+    assert {
+        "xid79-fatal",
+        "xid94-degrading",
+        "xid13-application",
+        "storm-20",
+        "worker-crash",
+        "incomplete-checkpoint",
+        "no-spare",
+    } == set(SCENARIOS)
     with pytest.raises(KeyError, match="choose one of xid79-fatal"):
         scenario_names("xid80")
 
@@ -120,9 +154,18 @@ def test_scenario_names():
 def test_unknown_scenario_is_refused_before_anything_starts(tmp_path):
     state = tmp_path / "stack"
     result = subprocess.run(
-        [RECOVERY, "drill", "--scenario", "meteor-strike", "--json"], capture_output=True, text=True, timeout=60,
-        env={"PATH": "/usr/bin:/bin", "RECOVERY_STATE_DIR": str(state), "RECOVERY_LOCAL_TEMPORAL_PORT": "9",
-             "TEMPORAL_ADDRESS": "127.0.0.1:9"}, stdin=subprocess.DEVNULL)
+        [RECOVERY, "drill", "--scenario", "meteor-strike", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "RECOVERY_STATE_DIR": str(state),
+            "RECOVERY_LOCAL_TEMPORAL_PORT": "9",
+            "TEMPORAL_ADDRESS": "127.0.0.1:9",
+        },
+        stdin=subprocess.DEVNULL,
+    )
     assert result.returncode == 2, result.stderr
     assert "bad input, nothing was changed" in result.stderr and "meteor-strike" in result.stderr
     for name in SCENARIOS:
@@ -133,8 +176,12 @@ def test_unknown_scenario_is_refused_before_anything_starts(tmp_path):
 def test_a_scenario_with_a_failure_option_is_refused(tmp_path):
     state = tmp_path / "stack"
     result = subprocess.run(
-        [RECOVERY, "drill", "--scenario", "xid79-fatal", "--xid", "94"], capture_output=True, text=True, timeout=60,
+        [RECOVERY, "drill", "--scenario", "xid79-fatal", "--xid", "94"],
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={"PATH": "/usr/bin:/bin", "RECOVERY_STATE_DIR": str(state), "TEMPORAL_ADDRESS": "127.0.0.1:9"},
-        stdin=subprocess.DEVNULL)
+        stdin=subprocess.DEVNULL,
+    )
     assert result.returncode == 2, result.stderr
     assert "a scenario injects its own failure" in result.stderr and not state.exists()

@@ -33,8 +33,9 @@ def hook_app(**settings) -> tuple[HookApp, RecordingIncidents]:
     incidents = RecordingIncidents()
     # The payloads are built when the module is collected; in the whole suite these tests run a
     # quarter of an hour later, so the staleness limit is a day here (its own tests set theirs).
-    config = HookSettings(**{"token": TOKEN, "hmac_key": HMAC_KEY, "auth": ["bearer", "hmac"],
-                             "max_alert_age_seconds": 86400} | settings)
+    config = HookSettings(
+        **{"token": TOKEN, "hmac_key": HMAC_KEY, "auth": ["bearer", "hmac"], "max_alert_age_seconds": 86400} | settings
+    )
     return HookApp(config, Intake(incidents, config.intake_limits())), incidents
 
 
@@ -56,12 +57,18 @@ def refused(response: httpx.Response, status: int) -> list[dict]:
     return ProblemAnswer.model_validate(response.json()).model_dump()["problems"]
 
 
-@pytest.mark.parametrize("path, payload, n", [
-    ("/v1/alerts/alertmanager",
-     alertmanager_payload([dcgm_alert("gpu-2", 79, RECENT, gpu=g) for g in range(3)]), 3),
-    ("/v1/alerts/kernel-log", kernel_log_post("gpu-2", [xid_line(79), xid_line(79, pid=7)]), 2),
-    ("/v1/alerts/gpu-health", gpu_health_event("gpu-2", 79, RECENT), 1),
-])
+@pytest.mark.parametrize(
+    "path, payload, n",
+    [
+        (
+            "/v1/alerts/alertmanager",
+            alertmanager_payload([dcgm_alert("gpu-2", 79, RECENT, gpu=g) for g in range(3)]),
+            3,
+        ),
+        ("/v1/alerts/kernel-log", kernel_log_post("gpu-2", [xid_line(79), xid_line(79, pid=7)]), 2),
+        ("/v1/alerts/gpu-health", gpu_health_event("gpu-2", 79, RECENT), 1),
+    ],
+)
 async def test_each_source_hands_its_alerts_to_the_nodes_incident(path, payload, n):
     app, incidents = hook_app()
     response = await post(app, path, payload)
@@ -75,8 +82,9 @@ async def test_each_source_hands_its_alerts_to_the_nodes_incident(path, payload,
 
 async def test_a_resolved_alert_starts_nothing():
     app, incidents = hook_app()
-    response = await post(app, "/v1/alerts/alertmanager",
-                          alertmanager_payload([dcgm_alert("gpu-2", 79, RECENT, status="resolved")]))
+    response = await post(
+        app, "/v1/alerts/alertmanager", alertmanager_payload([dcgm_alert("gpu-2", 79, RECENT, status="resolved")])
+    )
     answer = HookAnswer.model_validate(response.json())
     assert (answer.dropped, answer.alerts[0].reason.split(":")[0]) == (1, "resolved")
     assert incidents.calls == []
@@ -85,14 +93,19 @@ async def test_a_resolved_alert_starts_nothing():
 # --- authentication ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("headers, loc", [
-    ({}, "headers"),
-    ({"authorization": "Bearer not-the-token"}, "headers.authorization"),
-    ({"authorization": f"Basic {TOKEN}"}, "headers.authorization"),
-    (signed_headers(HMAC_KEY.encode(), b"{}") | {SIGNATURE_HEADER: "sha256=" + "0" * 64},
-     f"headers.{SIGNATURE_HEADER}"),
-    (signed_headers(b"other key", b"{}"), f"headers.{SIGNATURE_HEADER}"),
-])
+@pytest.mark.parametrize(
+    "headers, loc",
+    [
+        ({}, "headers"),
+        ({"authorization": "Bearer not-the-token"}, "headers.authorization"),
+        ({"authorization": f"Basic {TOKEN}"}, "headers.authorization"),
+        (
+            signed_headers(HMAC_KEY.encode(), b"{}") | {SIGNATURE_HEADER: "sha256=" + "0" * 64},
+            f"headers.{SIGNATURE_HEADER}",
+        ),
+        (signed_headers(b"other key", b"{}"), f"headers.{SIGNATURE_HEADER}"),
+    ],
+)
 async def test_without_valid_credentials_401_and_nothing_happens(headers, loc):
     app, incidents = hook_app()
     response = await post(app, "/v1/alerts/gpu-health", gpu_health_event("gpu-2", 79, RECENT), headers)
@@ -133,12 +146,15 @@ async def test_secrets_never_appear_in_logs_or_answers(caplog):
         assert TOKEN not in text and HMAC_KEY not in text
 
 
-@pytest.mark.parametrize("env, words", [
-    ({"RECOVERY_HOOKS_AUTH": "bearer"}, "RECOVERY_HOOKS_TOKEN"),
-    ({"RECOVERY_HOOKS_AUTH": "hmac", "RECOVERY_HOOKS_TOKEN": "t"}, "RECOVERY_HOOKS_HMAC_KEY"),
-    ({"RECOVERY_HOOKS_AUTH": "basic", "RECOVERY_HOOKS_TOKEN": "t"}, "bearer"),
-    ({"RECOVERY_HOOKS_TOKEN": "t", "RECOVERY_HOOKS_SECONDARY_XIDS": "45,1000"}, "secondary_xids"),
-])
+@pytest.mark.parametrize(
+    "env, words",
+    [
+        ({"RECOVERY_HOOKS_AUTH": "bearer"}, "RECOVERY_HOOKS_TOKEN"),
+        ({"RECOVERY_HOOKS_AUTH": "hmac", "RECOVERY_HOOKS_TOKEN": "t"}, "RECOVERY_HOOKS_HMAC_KEY"),
+        ({"RECOVERY_HOOKS_AUTH": "basic", "RECOVERY_HOOKS_TOKEN": "t"}, "bearer"),
+        ({"RECOVERY_HOOKS_TOKEN": "t", "RECOVERY_HOOKS_SECONDARY_XIDS": "45,1000"}, "secondary_xids"),
+    ],
+)
 def test_settings_refuse_what_cannot_work(monkeypatch, env, words):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -163,11 +179,12 @@ async def test_a_body_over_the_limit_is_refused_declared_or_streamed():
 
     async def chunked():  # no Content-Length: counted while it is read
         for i in range(0, len(payload), 100):
-            yield payload[i:i + 100]
+            yield payload[i : i + 100]
 
     async with client(app) as c:
-        response = await c.post("/v1/alerts/kernel-log", content=chunked(),
-                                headers=BEARER | {"content-type": "application/json"})
+        response = await c.post(
+            "/v1/alerts/kernel-log", content=chunked(), headers=BEARER | {"content-type": "application/json"}
+        )
     assert "content-length" not in response.request.headers
     refused(response, 413)
     assert incidents.calls == []
@@ -180,14 +197,21 @@ async def test_too_many_alerts_in_one_request_are_refused():
     assert incidents.calls == []
 
 
-@pytest.mark.parametrize("body, headers, status, loc", [
-    (b"{not json", {}, 400, "body"),
-    (b"", {}, 400, "body"),
-    (json.dumps({"node": "gpu-2"}).encode(), {"content-type": "text/plain"}, 415, "headers.content-type"),
-    (json.dumps({"node": "gpu-[1-2]", "lines": [xid_line(79)]}).encode(), {}, 422, "node"),
-    (json.dumps({"node": "gpu-2", "lines": ["hello", "NVRM: GPU Board Serial Number: 1"]}).encode(), {}, 422,
-     "lines[1]"),
-])
+@pytest.mark.parametrize(
+    "body, headers, status, loc",
+    [
+        (b"{not json", {}, 400, "body"),
+        (b"", {}, 400, "body"),
+        (json.dumps({"node": "gpu-2"}).encode(), {"content-type": "text/plain"}, 415, "headers.content-type"),
+        (json.dumps({"node": "gpu-[1-2]", "lines": [xid_line(79)]}).encode(), {}, 422, "node"),
+        (
+            json.dumps({"node": "gpu-2", "lines": ["hello", "NVRM: GPU Board Serial Number: 1"]}).encode(),
+            {},
+            422,
+            "lines[1]",
+        ),
+    ],
+)
 async def test_bad_input_is_a_4xx_naming_the_problem_and_nothing_is_handed_over(body, headers, status, loc):
     app, incidents = hook_app()
     response = await post(app, "/v1/alerts/kernel-log", body, BEARER | headers)
@@ -215,10 +239,12 @@ async def test_when_temporal_is_unavailable_503_and_the_retry_is_accepted():
 
 async def test_a_kernel_log_batch_with_other_lines_hands_over_its_xid_and_names_the_rest():
     app, incidents = hook_app()
-    lines = [f"{RECENT.isoformat()} gpu-2 kernel: NVRM: Xid (PCI:0000:01:00): 79, pid=1234, name=python, "
-             "GPU has fallen off the bus.",
-             f"{RECENT.isoformat()} gpu-2 kernel: NVRM: GPU 0000:01:00.0: GPU has fallen off the bus.",
-             f"{RECENT.isoformat()} gpu-2 kernel: NVRM: Xid (PCI:0000:01:00): 154 ("]
+    lines = [
+        f"{RECENT.isoformat()} gpu-2 kernel: NVRM: Xid (PCI:0000:01:00): 79, pid=1234, name=python, "
+        "GPU has fallen off the bus.",
+        f"{RECENT.isoformat()} gpu-2 kernel: NVRM: GPU 0000:01:00.0: GPU has fallen off the bus.",
+        f"{RECENT.isoformat()} gpu-2 kernel: NVRM: Xid (PCI:0000:01:00): 154 (",
+    ]
     for _ in range(2):  # the second time from the parsed-bodies cache: the same answer
         response = await post(app, "/v1/alerts/kernel-log", kernel_log_post("gpu-2", lines))
         assert response.status_code == 200, response.text
@@ -242,8 +268,13 @@ async def test_openapi_document_describes_every_endpoint_and_answer():
     async with client(app) as c:
         doc = (await c.get("/openapi.json")).json()
     assert doc["openapi"].startswith("3.1")
-    assert set(doc["paths"]) == {"/v1/alerts/alertmanager", "/v1/alerts/gpu-health", "/v1/alerts/kernel-log",
-                                 "/healthz", "/metrics"}
+    assert set(doc["paths"]) == {
+        "/v1/alerts/alertmanager",
+        "/v1/alerts/gpu-health",
+        "/v1/alerts/kernel-log",
+        "/healthz",
+        "/metrics",
+    }
     schemas = doc["components"]["schemas"]
     for path in ("/v1/alerts/alertmanager", "/v1/alerts/gpu-health", "/v1/alerts/kernel-log"):
         op = doc["paths"][path]["post"]
@@ -279,16 +310,24 @@ async def test_the_gpu_each_source_names_reaches_the_incident():
     alert = dcgm_alert("gpu-2", 13, RECENT, gpu=3)
     alert["labels"]["pci_bus_id"] = "00000000:3B:00.0"
     line = f"{RECENT.isoformat()} gpu-7 kernel: NVRM: Xid (PCI:0000:01:00): 79, pid=1, name=python, GPU fault"
-    for path, payload in [("/v1/alerts/alertmanager", alertmanager_payload([alert])),
-                          ("/v1/alerts/kernel-log", kernel_log_post("gpu-7", [line])),
-                          ("/v1/alerts/gpu-health", gpu_health_event("gpu-9", 79, RECENT, gpu=5))]:
+    for path, payload in [
+        ("/v1/alerts/alertmanager", alertmanager_payload([alert])),
+        ("/v1/alerts/kernel-log", kernel_log_post("gpu-7", [line])),
+        ("/v1/alerts/gpu-health", gpu_health_event("gpu-9", 79, RECENT, gpu=5)),
+    ]:
         assert (await post(app, path, payload)).status_code == 200
     by_node = {a.node: a for a in incidents.handed_over}
     assert (by_node["gpu-2"].gpu_index, by_node["gpu-2"].gpu_uuid, by_node["gpu-2"].pci_address) == (
-        3, gpu_uuid("gpu-2", 3), "0000:3b:00.0")
+        3,
+        gpu_uuid("gpu-2", 3),
+        "0000:3b:00.0",
+    )
     assert by_node["gpu-2"].gpu == gpu_uuid("gpu-2", 3)
     assert (by_node["gpu-7"].gpu, by_node["gpu-7"].pci_address, by_node["gpu-7"].gpu_index) == (
-        "0000:01:00.0", "0000:01:00.0", None)
+        "0000:01:00.0",
+        "0000:01:00.0",
+        None,
+    )
     assert (by_node["gpu-9"].gpu, by_node["gpu-9"].gpu_index) == (gpu_uuid("gpu-9", 5), 5)
 
 

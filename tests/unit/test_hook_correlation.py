@@ -23,18 +23,29 @@ SECONDARY = frozenset({45, 74})
 
 
 def alert(node: str, xid: int | None, ago: float = 1.0, reason: str = "") -> Incoming:
-    return Incoming(node=node, xid=xid, source="test", actor="correlation test", reason=reason or f"XID {xid}",
-                    observed_at=NOW - timedelta(seconds=ago))
+    return Incoming(
+        node=node,
+        xid=xid,
+        source="test",
+        actor="correlation test",
+        reason=reason or f"XID {xid}",
+        observed_at=NOW - timedelta(seconds=ago),
+    )
 
 
 def incident(node: str, ago: float = 60, xid: int | None = 79, peers: set[str] | None = None) -> RunningIncident:
-    return RunningIncident(node=node, started_at=NOW - timedelta(seconds=ago), xid=xid,
-                           peers=None if peers is None else frozenset(peers))
+    return RunningIncident(
+        node=node, started_at=NOW - timedelta(seconds=ago), xid=xid, peers=None if peers is None else frozenset(peers)
+    )
 
 
 def intake(incidents: RecordingIncidents, directory: FixedDirectory | None, hold: float = 10.0, **limits) -> Intake:
-    return Intake(incidents, IntakeLimits(correlation_hold=timedelta(seconds=hold), **limits),
-                  directory=directory, clock=lambda: NOW)
+    return Intake(
+        incidents,
+        IntakeLimits(correlation_hold=timedelta(seconds=hold), **limits),
+        directory=directory,
+        clock=lambda: NOW,
+    )
 
 
 def running(incidents: RecordingIncidents, node: str) -> None:
@@ -53,14 +64,19 @@ async def settled(task: asyncio.Future) -> bool:
 
 
 def test_the_primary_is_a_classified_incident_listing_the_node_as_a_job_peer_within_the_window():
-    snapshot = Snapshot({i.node: i for i in [
-        incident("gpu-1", ago=100, peers={"gpu-3"}),
-        incident("gpu-2", ago=20, peers={"gpu-3", "gpu-4"}),  # nearest in time: this one
-        incident("gpu-5", ago=25, peers=None),  # jobs not found yet
-        incident("gpu-6", ago=25, xid=None, peers={"gpu-3"}),  # not classified yet
-        incident("gpu-7", ago=25, xid=74, peers={"gpu-3"}),  # itself opened by a secondary XID
-        incident("gpu-8", ago=600, peers={"gpu-3"}),  # outside the window
-    ]})
+    snapshot = Snapshot(
+        {
+            i.node: i
+            for i in [
+                incident("gpu-1", ago=100, peers={"gpu-3"}),
+                incident("gpu-2", ago=20, peers={"gpu-3", "gpu-4"}),  # nearest in time: this one
+                incident("gpu-5", ago=25, peers=None),  # jobs not found yet
+                incident("gpu-6", ago=25, xid=None, peers={"gpu-3"}),  # not classified yet
+                incident("gpu-7", ago=25, xid=74, peers={"gpu-3"}),  # itself opened by a secondary XID
+                incident("gpu-8", ago=600, peers={"gpu-3"}),  # outside the window
+            ]
+        }
+    )
     assert primary_for(alert("gpu-3", 74, ago=10), snapshot, WINDOW, SECONDARY).node == "gpu-2"
     assert primary_for(alert("gpu-4", 74, ago=10), snapshot, WINDOW, SECONDARY).node == "gpu-2"
     assert primary_for(alert("gpu-9", 74, ago=10), snapshot, WINDOW, SECONDARY) is None
@@ -75,15 +91,21 @@ async def test_secondary_alerts_on_a_job_peer_join_the_primary_incident_observed
     running(incidents, "gpu-2")
     directory = FixedDirectory(incident("gpu-2", ago=60, peers={"gpu-3"}))
     hook = intake(incidents, directory)
-    results = await hook.submit([alert("gpu-3", 74, ago=30), alert("gpu-3", 45, ago=50),
-                                 alert("gpu-3", None, ago=40)])  # an NCCL timeout
+    results = await hook.submit(
+        [alert("gpu-3", 74, ago=30), alert("gpu-3", 45, ago=50), alert("gpu-3", None, ago=40)]
+    )  # an NCCL timeout
     assert [(r.outcome, r.incident) for r in results] == [(Outcome.CORRELATED, "node-recovery-gpu-2")] * 3
     joined = incidents.runs["gpu-2"][0].alerts
     assert [r.reason for r in results] == [a.reason for a in joined]  # the answer says why, too
-    assert [(a.node, a.observed_on, a.xid) for a in joined] == [("gpu-2", "gpu-3", 74), ("gpu-2", "gpu-3", 45),
-                                                                ("gpu-2", "gpu-3", 79)]  # the timeout: its primary's
-    assert joined[0].reason == ("correlated: XID 74 on gpu-3, which shares a job with gpu-2, +30 s from the start "
-                                "of its incident (XID 79): XID 74")
+    assert [(a.node, a.observed_on, a.xid) for a in joined] == [
+        ("gpu-2", "gpu-3", 74),
+        ("gpu-2", "gpu-3", 45),
+        ("gpu-2", "gpu-3", 79),
+    ]  # the timeout: its primary's
+    assert joined[0].reason == (
+        "correlated: XID 74 on gpu-3, which shares a job with gpu-2, +30 s from the start "
+        "of its incident (XID 79): XID 74"
+    )
     assert joined[2].reason.startswith("correlated: an NCCL timeout on gpu-3")
     # joined with plain signals: a correlated alert never opens the failed node's incident
     assert {c for c, _, _ in incidents.calls} == {"join"}
@@ -140,8 +162,9 @@ async def test_a_node_with_an_incident_of_its_own_keeps_its_secondary_alerts_at_
     assert directory.snapshots == 0
 
     # an incident visibility shows, opened elsewhere, counts too
-    other = intake(RecordingIncidents(), FixedDirectory(incident("gpu-2", peers={"gpu-3"}),
-                                                        incident("gpu-3", xid=94, peers=set())))
+    other = intake(
+        RecordingIncidents(), FixedDirectory(incident("gpu-2", peers={"gpu-3"}), incident("gpu-3", xid=94, peers=set()))
+    )
     [own] = await other.submit([alert("gpu-3", 74)])
     assert (own.outcome, own.incident) == (Outcome.ACCEPTED, "node-recovery-gpu-3")
 
@@ -158,8 +181,9 @@ async def test_a_primary_xid_is_never_joined_to_another_nodes_incident(xid):
 
 async def test_outside_the_window_a_secondary_alert_is_its_nodes_own():
     incidents = RecordingIncidents()
-    hook = intake(incidents, FixedDirectory(incident("gpu-2", ago=600, peers={"gpu-3"})), hold=0,
-                  correlation_window=WINDOW)
+    hook = intake(
+        incidents, FixedDirectory(incident("gpu-2", ago=600, peers={"gpu-3"})), hold=0, correlation_window=WINDOW
+    )
     [r] = await hook.submit([alert("gpu-3", 74, ago=100)])
     assert (r.outcome, r.incident) == (Outcome.ACCEPTED, "node-recovery-gpu-3")
 
@@ -210,8 +234,9 @@ class ListingClient:
 
         async def executions():
             await asyncio.sleep(0.01)
-            attributes = TypedSearchAttributes([SearchAttributePair(sa.XID, 79),
-                                                SearchAttributePair(sa.PEER_NODES, ["gpu-3", "gpu-4"])])
+            attributes = TypedSearchAttributes(
+                [SearchAttributePair(sa.XID, 79), SearchAttributePair(sa.PEER_NODES, ["gpu-3", "gpu-4"])]
+            )
             yield _Execution("node-recovery-gpu-2", NOW, attributes)
             yield _Execution("something-else", NOW, TypedSearchAttributes([]))
 

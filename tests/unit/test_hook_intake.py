@@ -17,8 +17,15 @@ NOW = datetime(2026, 11, 30, 0, 17, 36, tzinfo=timezone.utc)
 
 
 def alert(node: str = "gpu-2", xid: int | None = 79, ago: float = 1.0, **kw) -> Incoming:
-    return Incoming(node=node, xid=xid, source=kw.pop("source", "test"), actor="intake test",
-                    reason=kw.pop("reason", f"XID {xid}"), observed_at=NOW - timedelta(seconds=ago), **kw)
+    return Incoming(
+        node=node,
+        xid=xid,
+        source=kw.pop("source", "test"),
+        actor="intake test",
+        reason=kw.pop("reason", f"XID {xid}"),
+        observed_at=NOW - timedelta(seconds=ago),
+        **kw,
+    )
 
 
 def intake(incidents: RecordingIncidents, **limits) -> Intake:
@@ -93,9 +100,15 @@ async def test_a_duplicate_of_an_alert_in_flight_is_answered_once_that_is_in_tem
 async def test_resolved_stale_and_future_alerts_are_dropped_with_a_reason_and_no_call():
     incidents = RecordingIncidents()
     hook = intake(incidents, max_age=timedelta(minutes=15), clock_skew=timedelta(minutes=5))
-    results = await hook.submit([
-        alert(resolved=True), alert(ago=16 * 60), alert(ago=-6 * 60), alert(ago=14 * 60), alert(ago=-4 * 60),
-    ])
+    results = await hook.submit(
+        [
+            alert(resolved=True),
+            alert(ago=16 * 60),
+            alert(ago=-6 * 60),
+            alert(ago=14 * 60),
+            alert(ago=-4 * 60),
+        ]
+    )
     assert [r.outcome for r in results] == [Outcome.DROPPED] * 3 + [Outcome.ACCEPTED] * 2
     assert results[0].reason.startswith("resolved")
     assert results[1].reason.startswith("stale") and "900 s" in results[1].reason
@@ -185,8 +198,11 @@ def test_alerts_that_differ_in_any_field_are_not_duplicates():
 
 # --- floods: past the first alerts of a running incident, counts in digests ---------------------
 
-FLOOD = dict(full_alerts_per_incident=5, digest_interval=timedelta(milliseconds=20),
-             digest_interval_max=timedelta(milliseconds=80))
+FLOOD = dict(
+    full_alerts_per_incident=5,
+    digest_interval=timedelta(milliseconds=20),
+    digest_interval_max=timedelta(milliseconds=80),
+)
 
 
 async def until(check, timeout: float = 5.0) -> None:
@@ -202,8 +218,9 @@ async def test_a_flood_is_answered_at_once_and_told_to_the_incident_in_few_small
     await hook.submit([alert(reason=f"line {i}") for i in range(5)])  # handed over in full
     calls_before = len(incidents.calls)
     for burst in range(20):
-        results = await hook.submit([alert(reason=f"flood {burst}.{i}", source=("kernel-log", "dcgm")[i % 2])
-                                     for i in range(500)])
+        results = await hook.submit(
+            [alert(reason=f"flood {burst}.{i}", source=("kernel-log", "dcgm")[i % 2]) for i in range(500)]
+        )
         assert {(r.outcome, r.incident) for r in results} == {(Outcome.ACCEPTED, "node-recovery-gpu-2")}
         assert results[0].reason.startswith("counted")
     run = incidents.runs["gpu-2"][0]

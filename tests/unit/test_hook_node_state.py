@@ -15,8 +15,10 @@ async def test_held_alerts_leave_no_per_node_state_once_decided():
     dropped; the hook keeps nothing of those nodes."""
     now = datetime.now(timezone.utc)
     hook = Intake(RecordingIncidents(), IntakeLimits(correlation_hold=timedelta(0)), directory=FixedDirectory())
-    timeouts = [Incoming(node=f"peer-{n}", xid=None, source="nccl", actor="test", reason="NCCL timeout",
-                         observed_at=now) for n in range(10_000)]
+    timeouts = [
+        Incoming(node=f"peer-{n}", xid=None, source="nccl", actor="test", reason="NCCL timeout", observed_at=now)
+        for n in range(10_000)
+    ]
     results = await hook.submit(timeouts)
     assert {r.outcome.value for r in results} == {"dropped"}
     assert (len(hook._nodes), len(hook._own_incident_news)) == (0, 0)
@@ -25,8 +27,12 @@ async def test_held_alerts_leave_no_per_node_state_once_decided():
 async def test_nodes_busy_beyond_the_bound_are_forgotten_once_their_hand_overs_end():
     now = datetime.now(timezone.utc)
     hook = Intake(RecordingIncidents(), IntakeLimits(node_state_size=1000))
-    await hook.submit([Incoming(node=f"node-{n}", xid=79, source="test", actor="test", reason="XID 79",
-                                observed_at=now) for n in range(20_000)])  # all in flight at once
+    await hook.submit(
+        [
+            Incoming(node=f"node-{n}", xid=79, source="test", actor="test", reason="XID 79", observed_at=now)
+            for n in range(20_000)
+        ]
+    )  # all in flight at once
     assert len(hook._nodes) == 1000
 
 
@@ -36,8 +42,14 @@ async def test_a_forgotten_node_is_decided_as_before_from_what_temporal_says():
     hook = Intake(incidents, IntakeLimits(node_state_size=1))
 
     def xid_79(node: str, ago: float) -> Incoming:
-        return Incoming(node=node, xid=79, source="test", actor="test", reason=f"XID 79, {ago} s ago",
-                        observed_at=now - timedelta(seconds=ago))
+        return Incoming(
+            node=node,
+            xid=79,
+            source="test",
+            actor="test",
+            reason=f"XID 79, {ago} s ago",
+            observed_at=now - timedelta(seconds=ago),
+        )
 
     await hook.submit([xid_79("gpu-1", 30)])
     await hook.submit([xid_79("gpu-2", 30)])

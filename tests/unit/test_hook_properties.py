@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from starter.hooks.app import HookAnswer, HookApp, ProblemAnswer
 from starter.hooks.intake import Intake
@@ -31,15 +30,22 @@ from starter.hooks.testing import (
 )
 
 TOKEN = "property-token"
-PATHS = {"alertmanager": "/v1/alerts/alertmanager", "gpu-health": "/v1/alerts/gpu-health",
-         "kernel-log": "/v1/alerts/kernel-log"}
+PATHS = {
+    "alertmanager": "/v1/alerts/alertmanager",
+    "gpu-health": "/v1/alerts/gpu-health",
+    "kernel-log": "/v1/alerts/kernel-log",
+}
 NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
 def examples(n: int):
-    return settings(max_examples=n, derandomize=True, database=None, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                           HealthCheck.data_too_large])
+    return settings(
+        max_examples=n,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+    )
 
 
 class Harness:
@@ -59,11 +65,22 @@ class Harness:
         """One request straight through the ASGI interface (an HTTP client would cost 10 times more
         per example; test_hook_app.py goes through httpx)."""
         scope = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-            "path": PATHS[source], "raw_path": PATHS[source].encode(), "root_path": "", "query_string": b"",
-            "headers": [(b"authorization", f"Bearer {TOKEN}".encode()), (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode())],
-            "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8910),
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": PATHS[source],
+            "raw_path": PATHS[source].encode(),
+            "root_path": "",
+            "query_string": b"",
+            "headers": [
+                (b"authorization", f"Bearer {TOKEN}".encode()),
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+            "client": ("127.0.0.1", 40000),
+            "server": ("127.0.0.1", 8910),
         }
         sent = []
 
@@ -119,19 +136,43 @@ bad_node_names = st.one_of(
 )
 xids = st.integers(1, 999)
 bad_xid_values = st.one_of(
-    st.integers(max_value=0), st.integers(min_value=1000), st.floats(allow_nan=False), st.booleans(),
-    st.none(), st.text(max_size=5), st.lists(st.integers(), max_size=2),
+    st.integers(max_value=0),
+    st.integers(min_value=1000),
+    st.floats(allow_nan=False),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=5),
+    st.lists(st.integers(), max_size=2),
 )
 recent = st.integers(0, 600).map(lambda s: datetime.now(timezone.utc) - timedelta(seconds=s))
 bad_times = st.one_of(
     st.sampled_from(["2026-11-30T00:17:36", "yesterday", "", "2026-13-01T00:00:00Z", "1700000000"]),
-    st.integers(), st.text(max_size=30).filter(lambda s: not re.match(r"^\d{4}-", s)),
+    st.integers(),
+    st.text(max_size=30).filter(lambda s: not re.match(r"^\d{4}-", s)),
 )
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20))
-field_names = st.sampled_from(["version", "alerts", "status", "labels", "node", "lines", "xid", "observed_at",
-                               "source", "kind", "gpu_index", "receiver", "startsAt"]) | st.text(max_size=10)
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4)
-                           | st.dictionaries(field_names, inner, max_size=5), max_leaves=8)
+field_names = st.sampled_from(
+    [
+        "version",
+        "alerts",
+        "status",
+        "labels",
+        "node",
+        "lines",
+        "xid",
+        "observed_at",
+        "source",
+        "kind",
+        "gpu_index",
+        "receiver",
+        "startsAt",
+    ]
+) | st.text(max_size=10)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(field_names, inner, max_size=5),
+    max_leaves=8,
+)
 
 
 @st.composite
@@ -147,8 +188,11 @@ def valid_payloads(draw) -> tuple[str, dict, list[tuple[str, int]]]:
         lines = [xid_line(x, pid=i) for i, x in enumerate(found)]
         return source, kernel_log_post(node, lines), [(node, x) for x in found]
     when = draw(recent)
-    return source, alertmanager_payload([dcgm_alert(node, x, when, gpu=i) for i, x in enumerate(found)]), \
-        [(node, x) for x in found]
+    return (
+        source,
+        alertmanager_payload([dcgm_alert(node, x, when, gpu=i) for i, x in enumerate(found)]),
+        [(node, x) for x in found],
+    )
 
 
 @st.composite
@@ -156,8 +200,11 @@ def broken_payloads(draw) -> tuple[str, dict, str]:
     """A valid payload with one thing made wrong: (source, payload, where the problem is)."""
     source, payload, _ = draw(valid_payloads())
     if source == "gpu-health":
-        field = draw(st.sampled_from(["node", "xid", "observed_at", "gpu_index", "gpu_uuid", "source",
-                                      "extra", "missing", "kind"]))
+        field = draw(
+            st.sampled_from(
+                ["node", "xid", "observed_at", "gpu_index", "gpu_uuid", "source", "extra", "missing", "kind"]
+            )
+        )
         if field == "node":
             payload["node"] = draw(bad_node_names)
         elif field == "xid":
@@ -206,9 +253,12 @@ def broken_payloads(draw) -> tuple[str, dict, str]:
     alert = payload["alerts"][i]
     what = draw(st.sampled_from(["xid", "node", "no-node", "status", "startsAt", "version", "labels"]))
     if what == "xid":
-        alert["labels"]["xid"] = draw(st.one_of(
-            st.text(max_size=6).filter(lambda s: not (s.isascii() and s.isdigit() and 1 <= int(s) <= 999)),
-            st.integers(1000, 10**9).map(str)))
+        alert["labels"]["xid"] = draw(
+            st.one_of(
+                st.text(max_size=6).filter(lambda s: not (s.isascii() and s.isdigit() and 1 <= int(s) <= 999)),
+                st.integers(1000, 10**9).map(str),
+            )
+        )
         return source, payload, f"alerts[{i}].labels.xid"
     if what == "node":
         alert["labels"]["Hostname"] = draw(bad_node_names.filter(bool))

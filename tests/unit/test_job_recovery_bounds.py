@@ -11,10 +11,14 @@ from workflows.job_recovery import MOST_NODES_JOINED, JobRecoveryWorkflow
 
 def join(node: str, job_id: int = 42) -> JobJoin:
     job = SlurmJob(job_id=job_id, state="RUNNING", nodes=[node])
-    return JobJoin(incident_id=f"{node}-20261204T000000Z", workflow_id=f"node-recovery-{node}", node=node,
-                   verify_deadline_seconds=60,
-                   snapshot=JobSnapshot(job=job, checkpoint_dir=None, latest_complete=None, progress=None),
-                   ctx=ActionContext(incident_id="i", owner="recovery", actor="pytest", reason="test", xid=79))
+    return JobJoin(
+        incident_id=f"{node}-20261204T000000Z",
+        workflow_id=f"node-recovery-{node}",
+        node=node,
+        verify_deadline_seconds=60,
+        snapshot=JobSnapshot(job=job, checkpoint_dir=None, latest_complete=None, progress=None),
+        ctx=ActionContext(incident_id="i", owner="recovery", actor="pytest", reason="test", xid=79),
+    )
 
 
 def test_at_most_its_bound_of_nodes_join_and_a_repeated_join_is_still_heard():

@@ -44,8 +44,14 @@ def test_checkpoint_dir_comes_from_the_job_comment():
 
 
 def test_slurm_reason_names_owner_fault_incident_and_actor():
-    ctx = ActionContext(incident_id="gpu-2-20261130T000000Z", owner="recovery", actor="alertmanager",
-                        reason="r", xid=79, mnemonic="ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS")
+    ctx = ActionContext(
+        incident_id="gpu-2-20261130T000000Z",
+        owner="recovery",
+        actor="alertmanager",
+        reason="r",
+        xid=79,
+        mnemonic="ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS",
+    )
     assert ctx.slurm_reason() == (
         "recovery: XID 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS incident gpu-2-20261130T000000Z by alertmanager"
     )
@@ -65,29 +71,47 @@ def test_settings_refuse_bad_spares_and_missing_policy_file(monkeypatch, tmp_pat
 UUID = "GPU-2ad0b6c5-8f5c-1d1a-8e4e-3c3f8f0c2f4b"
 
 
-@pytest.mark.parametrize("ids, gpu", [
-    ({"gpu_index": 3, "gpu_uuid": UUID, "pci_address": "0000:3b:00.0"}, UUID),
-    ({"gpu_index": 3, "pci_address": "0000:3b:00.0"}, "0000:3b:00.0"),
-    ({"gpu_index": 0}, "0"),
-    ({"gpu": "7", "gpu_uuid": UUID}, "7"),  # named by the sender: kept
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    "ids, gpu",
+    [
+        ({"gpu_index": 3, "gpu_uuid": UUID, "pci_address": "0000:3b:00.0"}, UUID),
+        ({"gpu_index": 3, "pci_address": "0000:3b:00.0"}, "0000:3b:00.0"),
+        ({"gpu_index": 0}, "0"),
+        ({"gpu": "7", "gpu_uuid": UUID}, "7"),  # named by the sender: kept
+        ({}, None),
+    ],
+)
 def test_the_alerts_gpu_is_its_best_identifier(ids, gpu):
     alert = NodeFailureAlert(node="gpu-2", xid=13, source="test", actor="pytest", **ids)
     assert alert.gpu == gpu
     assert NodeFailureAlert.model_validate_json(alert.model_dump_json()) == alert
 
 
-@pytest.mark.parametrize("ids", [{"gpu_index": 64}, {"gpu_index": -1}, {"gpu_uuid": "GPU-3"},
-                                 {"pci_address": "0000:3B:00.0"}, {"pci_address": "PCI:0000:3b:00"}])
+@pytest.mark.parametrize(
+    "ids",
+    [
+        {"gpu_index": 64},
+        {"gpu_index": -1},
+        {"gpu_uuid": "GPU-3"},
+        {"pci_address": "0000:3B:00.0"},
+        {"pci_address": "PCI:0000:3b:00"},
+    ],
+)
 def test_gpu_identifiers_of_the_wrong_shape_are_refused(ids):
     with pytest.raises(ValidationError):
         NodeFailureAlert(node="gpu-2", xid=13, source="test", actor="pytest", **ids)
 
 
-@pytest.mark.parametrize("text, address", [
-    ("PCI:0000:3B:00", "0000:3b:00.0"), ("00000000:3b:00.0", "0000:3b:00.0"), ("0001:18:1f.3", "0001:18:1f.3"),
-    ("10000000:3b:00.0", None), ("0000:3b", None), ("", None),
-])
+@pytest.mark.parametrize(
+    "text, address",
+    [
+        ("PCI:0000:3B:00", "0000:3b:00.0"),
+        ("00000000:3b:00.0", "0000:3b:00.0"),
+        ("0001:18:1f.3", "0001:18:1f.3"),
+        ("10000000:3b:00.0", None),
+        ("0000:3b", None),
+        ("", None),
+    ],
+)
 def test_pci_addresses_have_one_spelling(text, address):
     assert canonical_pci_address(text) == address

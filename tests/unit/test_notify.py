@@ -15,8 +15,14 @@ from temporalio.testing import ActivityEnvironment
 from activities.notify import NotifyActivities
 from contracts.budget import Notification, NotificationKind, WebhookTarget
 
-NOTIFICATION = Notification(kind=NotificationKind.RECOVERED, incident_id="gpu-2-20261201T000000Z", node="gpu-2",
-                            at=datetime(2026, 12, 1, tzinfo=timezone.utc), summary="recovered", details={"jobs": "42"})
+NOTIFICATION = Notification(
+    kind=NotificationKind.RECOVERED,
+    incident_id="gpu-2-20261201T000000Z",
+    node="gpu-2",
+    at=datetime(2026, 12, 1, tzinfo=timezone.utc),
+    summary="recovered",
+    details={"jobs": "42"},
+)
 URL = "https://hooks.example.net:8443/recovery?token=query-token"
 URL_WITH_PASSWORD = "https://user:url-password@hooks.example.net:8443/recovery?token=query-token"
 

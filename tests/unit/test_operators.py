@@ -31,10 +31,17 @@ def keys(tmp_path: Path):
 
 def check(signer, at=None, **changed) -> DecisionCheck:
     """alice's approval at the replacement gate as signed, then with `changed` as the workflow sees it."""
-    signed = dict(kind="approve", workflow_id=WORKFLOW, run_id=RUN, subject="replacement", actor=signer.actor,
-                  reason="spare checked")
-    signature = sign(signer.key, *(signed[f] for f in ("kind", "workflow_id", "run_id", "subject", "actor", "reason")),
-                     now=at)
+    signed = dict(
+        kind="approve",
+        workflow_id=WORKFLOW,
+        run_id=RUN,
+        subject="replacement",
+        actor=signer.actor,
+        reason="spare checked",
+    )
+    signature = sign(
+        signer.key, *(signed[f] for f in ("kind", "workflow_id", "run_id", "subject", "actor", "reason")), now=at
+    )
     return DecisionCheck(**{**signed, "signature": signature, **changed})
 
 
@@ -44,15 +51,18 @@ def test_a_decision_signed_by_a_listed_operator_is_verified_with_its_key(keys):
     assert verdict.verified and verdict.detail.startswith("SHA256:")
 
 
-@pytest.mark.parametrize("changed, why", [
-    ({"kind": "deny"}, "does not verify"),
-    ({"subject": "requeue"}, "does not verify"),  # another gate
-    ({"run_id": "another-run"}, "does not verify"),  # the same node's next incident
-    ({"workflow_id": "node-recovery-gpu-4"}, "does not verify"),
-    ({"reason": "a reason someone else wrote"}, "does not verify"),
-    ({"actor": "bob"}, "does not verify with bob's key"),  # alice's signature under bob's name
-    ({"signature": None}, "not signed"),
-])
+@pytest.mark.parametrize(
+    "changed, why",
+    [
+        ({"kind": "deny"}, "does not verify"),
+        ({"subject": "requeue"}, "does not verify"),  # another gate
+        ({"run_id": "another-run"}, "does not verify"),  # the same node's next incident
+        ({"workflow_id": "node-recovery-gpu-4"}, "does not verify"),
+        ({"reason": "a reason someone else wrote"}, "does not verify"),
+        ({"actor": "bob"}, "does not verify with bob's key"),  # alice's signature under bob's name
+        ({"signature": None}, "not signed"),
+    ],
+)
 def test_a_signature_covers_the_decision_and_where_it_applies(keys, changed, why):
     directory, listed = keys
     verdict = listed.verify(check(operator_signer(directory / "alice", "alice"), **changed), utc_now())
@@ -91,10 +101,12 @@ def test_the_operator_list_is_refused_line_by_line(tmp_path):
     _, line = new_key("alice", tmp_path)
     rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key()
     rsa_line = "carol " + rsa_key.public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
-    for text, why in [("alice\n", "list:1: expected `NAME ssh-ed25519 KEY"),
-                      ("alice ssh-ed25519 bm90IGEga2V5\n", "list:1: not an OpenSSH public key"),
-                      (f"{line}\n{rsa_line}\n", "list:2: ssh-rsa is not an Ed25519 key"),
-                      (f"{line}\n{line}\n", "list:2: operator 'alice' is listed twice")]:
+    for text, why in [
+        ("alice\n", "list:1: expected `NAME ssh-ed25519 KEY"),
+        ("alice ssh-ed25519 bm90IGEga2V5\n", "list:1: not an OpenSSH public key"),
+        (f"{line}\n{rsa_line}\n", "list:2: ssh-rsa is not an Ed25519 key"),
+        (f"{line}\n{line}\n", "list:2: operator 'alice' is listed twice"),
+    ]:
         with pytest.raises(ValueError, match=why):
             parse_operator_keys(text, "list")
     assert list(parse_operator_keys(f"# comment only\n\n{line}  # trailing\n", "list")) == ["alice"]
@@ -115,8 +127,9 @@ def test_a_starter_can_only_make_the_workers_policy_safer():
     from contracts.models import RecoveryPolicy
 
     worker = RecoveryPolicy(approval_required=["replacement"], spare_nodes=["gpu-9"], degrading_grace_seconds=120)
-    asked = RecoveryPolicy(approval_required=["requeue"], spare_nodes=[], degrading_grace_seconds=0, dry_run=True,
-                           fleet_budget=False)
+    asked = RecoveryPolicy(
+        approval_required=["requeue"], spare_nodes=[], degrading_grace_seconds=0, dry_run=True, fleet_budget=False
+    )
     policy = worker.narrowed_by(asked)
     assert policy.approval_required == ["replacement", "requeue"] and policy.dry_run
     assert policy.spare_nodes == ["gpu-9"] and policy.degrading_grace_seconds == 120 and policy.fleet_budget

@@ -19,8 +19,11 @@ from starter.localstack import SLURM_SCRIPT, _alive, _terminate
 @pytest.fixture
 def bystander() -> Iterator[int]:
     """The pid of an unrelated process (not this one's child: nothing here reaps it), killed after the test."""
-    pid = int(subprocess.run(["bash", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"], capture_output=True,
-                             text=True, check=True).stdout)
+    pid = int(
+        subprocess.run(
+            ["bash", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+        ).stdout
+    )
     try:
         yield pid
     finally:

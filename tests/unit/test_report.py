@@ -28,39 +28,74 @@ def snapshot(job_id: int, last_step: int) -> JobSnapshot:
         job=SlurmJob(job_id=job_id, state="RUNNING", nodes=["gpu-1", "gpu-2"], restart_count=0),
         checkpoint_dir=f"/ckpt/{job_id}",
         latest_complete=None,
-        progress=JobProgress(job_id=str(job_id), restart_count=0, step=last_step, train_seconds=0.0,
-                             updated_at=T0, state="stalled"),
+        progress=JobProgress(
+            job_id=str(job_id), restart_count=0, step=last_step, train_seconds=0.0, updated_at=T0, state="stalled"
+        ),
     )
 
 
-def verification(job_id: int, resumed_step: int, previous_step: int, resumed_at: float,
-                 previous_seconds: float, resumed_seconds: float, skipped=()) -> JobVerification:
+def verification(
+    job_id: int,
+    resumed_step: int,
+    previous_step: int,
+    resumed_at: float,
+    previous_seconds: float,
+    resumed_seconds: float,
+    skipped=(),
+) -> JobVerification:
     return JobVerification(
-        job_id=job_id, verified=True, restart_count_before=0, restart_count_after=1,
-        nodes_before=["gpu-1", "gpu-2"], nodes_after=["gpu-1", "gpu-3"],
-        expected_checkpoint=CheckpointRef(checkpoint_id=f"step-{resumed_step:09d}", step=resumed_step,
-                                          train_seconds=resumed_seconds, created_at=at(-5)),
-        resume=ResumeRecord(job_id=str(job_id), restart_count=1, resumed_step=resumed_step,
-                            checkpoint_id=f"step-{resumed_step:09d}", skipped_checkpoints=list(skipped),
-                            previous_last_step=previous_step, previous_train_seconds=previous_seconds,
-                            resumed_train_seconds=resumed_seconds, started_at=at(resumed_at)),
+        job_id=job_id,
+        verified=True,
+        restart_count_before=0,
+        restart_count_after=1,
+        nodes_before=["gpu-1", "gpu-2"],
+        nodes_after=["gpu-1", "gpu-3"],
+        expected_checkpoint=CheckpointRef(
+            checkpoint_id=f"step-{resumed_step:09d}",
+            step=resumed_step,
+            train_seconds=resumed_seconds,
+            created_at=at(-5),
+        ),
+        resume=ResumeRecord(
+            job_id=str(job_id),
+            restart_count=1,
+            resumed_step=resumed_step,
+            checkpoint_id=f"step-{resumed_step:09d}",
+            skipped_checkpoints=list(skipped),
+            previous_last_step=previous_step,
+            previous_train_seconds=previous_seconds,
+            resumed_train_seconds=resumed_seconds,
+            started_at=at(resumed_at),
+        ),
         resumed_at=at(resumed_at),
     )
 
 
 def report(jobs, verifications, spare):
     return build_report(
-        incident_id="i", node="gpu-2",
+        incident_id="i",
+        node="gpu-2",
         classification=FaultClassification(xid=79, fault_class=FaultClass.FATAL, policy_source="t"),
-        action="recover", outcome="recovered", failure_at=T0, phases=[], jobs=jobs,
-        verifications=verifications, spare=spare, alerts=[], alert_counts={}, actions=[],
+        action="recover",
+        outcome="recovered",
+        failure_at=T0,
+        phases=[],
+        jobs=jobs,
+        verifications=verifications,
+        spare=spare,
+        alerts=[],
+        alert_counts={},
+        actions=[],
     )
 
 
 def test_lost_progress_and_times_for_one_job():
     skipped = [SkippedCheckpoint(checkpoint_id="step-000000030", why="no manifest")]
-    r = report([snapshot(5, 34)], [verification(5, 20, 37, 14.5, 7.4, 4.0, skipped)],
-               SpareResult(node="gpu-5", healthy=True, in_service_at=at(3.25)))
+    r = report(
+        [snapshot(5, 34)],
+        [verification(5, 20, 37, 14.5, 7.4, 4.0, skipped)],
+        SpareResult(node="gpu-5", healthy=True, in_service_at=at(3.25)),
+    )
     assert r.replacement_seconds == 3.25
     assert r.time_to_resume_seconds == 14.5
     # The job's own record of how far it got (37) wins over the controller's snapshot (34).
@@ -68,12 +103,20 @@ def test_lost_progress_and_times_for_one_job():
     assert (r.resumed_step, r.latest_complete_step) == (20, 20)
     assert r.skipped_checkpoints == skipped
     job = r.jobs[0]
-    assert (job.job_id, job.restart_count, job.nodes_before, job.nodes_after) == (5, 1, ["gpu-1", "gpu-2"], ["gpu-1", "gpu-3"])
+    assert (job.job_id, job.restart_count, job.nodes_before, job.nodes_after) == (
+        5,
+        1,
+        ["gpu-1", "gpu-2"],
+        ["gpu-1", "gpu-3"],
+    )
 
 
 def test_losses_add_up_and_resume_waits_for_the_last_job():
-    r = report([snapshot(5, 30), snapshot(6, 50)],
-               [verification(5, 20, 30, 10.0, 6.0, 4.0), verification(6, 40, 50, 22.0, 10.0, 8.0)], None)
+    r = report(
+        [snapshot(5, 30), snapshot(6, 50)],
+        [verification(5, 20, 30, 10.0, 6.0, 4.0), verification(6, 40, 50, 22.0, 10.0, 8.0)],
+        None,
+    )
     assert r.lost_steps == 10 + 10
     assert r.lost_seconds == 4.0
     assert r.time_to_resume_seconds == 22.0
@@ -82,8 +125,15 @@ def test_losses_add_up_and_resume_waits_for_the_last_job():
 
 def test_unhealthy_spare_has_no_replacement_time_and_unverified_job_no_losses():
     snap = snapshot(5, 30)
-    unverified = JobVerification(job_id=5, verified=False, why_not=["job is PENDING"], restart_count_before=0,
-                                 restart_count_after=1, nodes_before=["gpu-1", "gpu-2"], nodes_after=[])
+    unverified = JobVerification(
+        job_id=5,
+        verified=False,
+        why_not=["job is PENDING"],
+        restart_count_before=0,
+        restart_count_after=1,
+        nodes_before=["gpu-1", "gpu-2"],
+        nodes_after=[],
+    )
     r = report([snap], [unverified], SpareResult(node="gpu-5", healthy=False, detail="health check exited 1"))
     assert r.spare_node == "gpu-5" and r.replacement_seconds is None
     assert r.lost_steps is None and r.time_to_resume_seconds is None

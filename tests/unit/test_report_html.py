@@ -43,18 +43,50 @@ def at(seconds: float) -> datetime:
 
 def recovered_report(**changes) -> IncidentReport:
     skipped = [SkippedCheckpoint(checkpoint_id="step-000000030", why="payload.bin: size 512 != 1024")]
-    job = JobReport(job_id=3, restart_count=1, nodes_before=["gpu-1", "gpu-2"], nodes_after=["gpu-3", "gpu-4"],
-                    verified=True, resumed_step=20, latest_complete_step=20, last_step_before_failure=33,
-                    lost_steps=13, lost_seconds=2.6, skipped_checkpoints=skipped, time_to_resume_seconds=13.1)
+    job = JobReport(
+        job_id=3,
+        restart_count=1,
+        nodes_before=["gpu-1", "gpu-2"],
+        nodes_after=["gpu-3", "gpu-4"],
+        verified=True,
+        resumed_step=20,
+        latest_complete_step=20,
+        last_step_before_failure=33,
+        lost_steps=13,
+        lost_seconds=2.6,
+        skipped_checkpoints=skipped,
+        time_to_resume_seconds=13.1,
+    )
     report = IncidentReport(
-        incident_id="gpu-2-20261130T120000Z", node="gpu-2", xid=79, fault_class=FaultClass.FATAL, action="recover",
-        outcome="recovered", failure_at=T0,
+        incident_id="gpu-2-20261130T120000Z",
+        node="gpu-2",
+        xid=79,
+        fault_class=FaultClass.FATAL,
+        action="recover",
+        outcome="recovered",
+        failure_at=T0,
         phases=[Phase(name=n, started_at=at(a), ended_at=at(b), result=r) for n, a, b, r in PHASES],
-        spare_node="gpu-5", replacement_seconds=1.2, time_to_resume_seconds=13.1, lost_steps=13, lost_seconds=2.6,
-        resumed_step=20, latest_complete_step=20, skipped_checkpoints=skipped, jobs=[job],
+        spare_node="gpu-5",
+        replacement_seconds=1.2,
+        time_to_resume_seconds=13.1,
+        lost_steps=13,
+        lost_seconds=2.6,
+        resumed_step=20,
+        latest_complete_step=20,
+        skipped_checkpoints=skipped,
+        jobs=[job],
         alerts=[NodeFailureAlert(node="gpu-2", xid=79, source="drill", actor="drill by ops", observed_at=T0)],
-        actions=[ActionRecord(at=at(0.1), action="drain", target="gpu-2", path="cli", detail="allocated -> DRAIN",
-                              actor="drill by ops", reason="drill: injected XID 79")],
+        actions=[
+            ActionRecord(
+                at=at(0.1),
+                action="drain",
+                target="gpu-2",
+                path="cli",
+                detail="allocated -> DRAIN",
+                actor="drill by ops",
+                reason="drill: injected XID 79",
+            )
+        ],
     )
     return report.model_copy(update=changes)
 
@@ -98,8 +130,9 @@ def test_lost_progress_and_checkpoints_are_drawn_apart_in_steps():
     assert "payload.bin: size 512 != 1024" in marks["step-000000030"].findtext("{*}title")
     # the lost segment runs from the checkpoint resumed from to the last step reached
     [segment] = by_class(progress, "lost-progress")
-    assert float(segment.get("x")) == pytest.approx(float(marks["step-000000020"].find("{*}polygon").get(
-        "points").split(",")[0]), abs=0.1)
+    assert float(segment.get("x")) == pytest.approx(
+        float(marks["step-000000020"].find("{*}polygon").get("points").split(",")[0]), abs=0.1
+    )
 
 
 def test_text_from_the_cluster_is_escaped():
@@ -109,9 +142,16 @@ def test_text_from_the_cluster_is_escaped():
 
 
 def test_an_incident_without_jobs_or_spare_says_so():
-    page = render_report_html(recovered_report(
-        outcome="escalated: unknown XID, node drained, jobs left running", jobs=[], spare_node=None,
-        replacement_seconds=None, time_to_resume_seconds=None, phases=recovered_report().phases[:2]))
+    page = render_report_html(
+        recovered_report(
+            outcome="escalated: unknown XID, node drained, jobs left running",
+            jobs=[],
+            spare_node=None,
+            replacement_seconds=None,
+            time_to_resume_seconds=None,
+            phases=recovered_report().phases[:2],
+        )
+    )
     [timeline] = pictures(page)
     assert by_class(timeline, "unknown") and "not measured" in page
     assert "No job ran on the node." in page
@@ -119,8 +159,13 @@ def test_an_incident_without_jobs_or_spare_says_so():
 
 
 def test_a_job_that_did_not_resume_says_why():
-    job = recovered_report().jobs[0].model_copy(update={
-        "verified": False, "resumed_step": None, "why_not": ["job is PENDING (Resources), not RUNNING"]})
+    job = (
+        recovered_report()
+        .jobs[0]
+        .model_copy(
+            update={"verified": False, "resumed_step": None, "why_not": ["job is PENDING (Resources), not RUNNING"]}
+        )
+    )
     page = render_report_html(recovered_report(jobs=[job], outcome="failed_verification: job 3: ..."))
     assert "Not resumed: job is PENDING (Resources), not RUNNING" in page
 

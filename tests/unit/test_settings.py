@@ -18,10 +18,21 @@ from contracts.settings import (
 @pytest.fixture
 def env(monkeypatch):
     """None of the variables the tests set."""
-    for name in ("TEMPORAL_ADDRESS", "RECOVERY_DEGRADING_GRACE_SECONDS", "SLURMRESTD_TOKEN", "SLURMRESTD_URL",
-                 "RECOVERY_CONFIG_FILE", "RECOVERY_PROMETHEUS_ADDRESS", "OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER",
-                 "OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                 "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+    for name in (
+        "TEMPORAL_ADDRESS",
+        "RECOVERY_DEGRADING_GRACE_SECONDS",
+        "SLURMRESTD_TOKEN",
+        "SLURMRESTD_URL",
+        "RECOVERY_CONFIG_FILE",
+        "RECOVERY_PROMETHEUS_ADDRESS",
+        "OTEL_SDK_DISABLED",
+        "OTEL_TRACES_EXPORTER",
+        "OTEL_METRICS_EXPORTER",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -47,14 +58,20 @@ def test_the_file_sets_values_and_the_environment_wins(env, config_file):
     assert settings.degrading_grace_seconds == 45
 
 
-@pytest.mark.parametrize("content, problem", [
-    ("RECOVERY_DEGRADING_GRACE_SECONDS=soon\n", "RECOVERY_DEGRADING_GRACE_SECONDS: Input should be a valid number"),
-    ("RECOVERY_SPARE_NODES=gpu-[1-2]\n", "RECOVERY_SPARE_NODES: Value error, invalid node name"),
-    ("RECOVERY_GRACE=30\n", "RECOVERY_GRACE in "),  # a typo is refused, not ignored
-    ("RECOVERY_PROMETHEUS_ADDRESS=9464\n", "RECOVERY_PROMETHEUS_ADDRESS: Value error, '9464' is not host:port"),
-    # fewer could leave the fleet budget no slot while incidents wait on its answer
-    ("RECOVERY_WORKFLOW_TASK_SLOTS=5\n", "RECOVERY_WORKFLOW_TASK_SLOTS: Input should be greater than or equal to 8"),
-])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        ("RECOVERY_DEGRADING_GRACE_SECONDS=soon\n", "RECOVERY_DEGRADING_GRACE_SECONDS: Input should be a valid number"),
+        ("RECOVERY_SPARE_NODES=gpu-[1-2]\n", "RECOVERY_SPARE_NODES: Value error, invalid node name"),
+        ("RECOVERY_GRACE=30\n", "RECOVERY_GRACE in "),  # a typo is refused, not ignored
+        ("RECOVERY_PROMETHEUS_ADDRESS=9464\n", "RECOVERY_PROMETHEUS_ADDRESS: Value error, '9464' is not host:port"),
+        # fewer could leave the fleet budget no slot while incidents wait on its answer
+        (
+            "RECOVERY_WORKFLOW_TASK_SLOTS=5\n",
+            "RECOVERY_WORKFLOW_TASK_SLOTS: Input should be greater than or equal to 8",
+        ),
+    ],
+)
 def test_a_bad_file_is_refused_naming_the_variable(config_file, content, problem):
     config_file(content)
     with pytest.raises(ConfigError) as refused:
@@ -79,19 +96,25 @@ def test_config_shows_each_value_with_its_source_and_masks_secrets(env, config_f
     assert entries["SLURMRESTD_TOKEN"].value == "********"
     assert entries["SLURMRESTD_URL"].value == "http://admin:********@slurm:6820"
     assert entries["OTEL_EXPORTER_OTLP_HEADERS"].value == "********"
-    assert (entries["SLURMRESTD_TOKEN"].source, entries["RECOVERY_DEGRADING_GRACE_SECONDS"].source,
-            entries["TEMPORAL_ADDRESS"].source) == ("environment", path, "default")
+    assert (
+        entries["SLURMRESTD_TOKEN"].source,
+        entries["RECOVERY_DEGRADING_GRACE_SECONDS"].source,
+        entries["TEMPORAL_ADDRESS"].source,
+    ) == ("environment", path, "default")
     assert entries["OTEL_EXPORTER_OTLP_ENDPOINT"].value == "http://collector:4318"
 
 
-@pytest.mark.parametrize("variables, traces, metrics", [
-    ({}, "none", "none"),  # nothing configured: nothing exported, no failed exports logged
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, "otlp", "otlp"),
-    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, "otlp", "none"),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_METRICS_EXPORTER": "none"}, "otlp", "none"),
-    ({"OTEL_TRACES_EXPORTER": "console"}, "console", "none"),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_SDK_DISABLED": "true"}, "none", "none"),
-])
+@pytest.mark.parametrize(
+    "variables, traces, metrics",
+    [
+        ({}, "none", "none"),  # nothing configured: nothing exported, no failed exports logged
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, "otlp", "otlp"),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, "otlp", "none"),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_METRICS_EXPORTER": "none"}, "otlp", "none"),
+        ({"OTEL_TRACES_EXPORTER": "console"}, "console", "none"),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_SDK_DISABLED": "true"}, "none", "none"),
+    ],
+)
 def test_which_telemetry_is_exported(env, variables, traces, metrics):
     for name, value in variables.items():
         env.setenv(name, value)

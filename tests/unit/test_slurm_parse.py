@@ -4,8 +4,15 @@ from backends.slurm.parse import expand_nodes, job_from_json, node_from_json
 
 
 def test_node_22_05_shape():
-    node = node_from_json({"name": "gpu-5", "state": "idle", "state_flags": ["DRAIN"],
-                           "reason": "recovery: hot spare standby", "comment": ""})
+    node = node_from_json(
+        {
+            "name": "gpu-5",
+            "state": "idle",
+            "state_flags": ["DRAIN"],
+            "reason": "recovery: hot spare standby",
+            "comment": "",
+        }
+    )
     assert (node.state, node.flags, node.drained, node.in_service) == ("idle", ["DRAIN"], True, False)
 
 
@@ -22,9 +29,20 @@ def test_node_not_responding_is_not_in_service():
 
 
 def test_job_22_05_shape():
-    job = job_from_json({"job_id": 12, "job_state": "RUNNING", "nodes": "gpu-[1-2]", "restart_cnt": 1,
-                         "comment": "checkpoint_dir=/x", "excluded_nodes": "gpu-3", "priority": 0,
-                         "state_reason": "None", "requeue": True, "name": "train"})
+    job = job_from_json(
+        {
+            "job_id": 12,
+            "job_state": "RUNNING",
+            "nodes": "gpu-[1-2]",
+            "restart_cnt": 1,
+            "comment": "checkpoint_dir=/x",
+            "excluded_nodes": "gpu-3",
+            "priority": 0,
+            "state_reason": "None",
+            "requeue": True,
+            "name": "train",
+        }
+    )
     assert job.nodes == ["gpu-1", "gpu-2"]
     assert (job.restart_count, job.excluded_nodes, job.checkpoint_dir) == (1, ["gpu-3"], "/x")
     assert job.required_nodes == []
@@ -33,18 +51,32 @@ def test_job_22_05_shape():
 
 
 def test_job_newer_shape_with_wrapped_numbers():
-    job = job_from_json({"job_id": 12, "job_state": ["PENDING", "REQUEUED"], "nodes": "",
-                         "restart_cnt": 2, "priority": {"set": True, "number": 0},
-                         "state_reason": "job_requeued_in_held_state"})
+    job = job_from_json(
+        {
+            "job_id": 12,
+            "job_state": ["PENDING", "REQUEUED"],
+            "nodes": "",
+            "restart_cnt": 2,
+            "priority": {"set": True, "number": 0},
+            "state_reason": "job_requeued_in_held_state",
+        }
+    )
     assert (job.state, job.held, job.nodes, job.restart_count) == ("PENDING", True, [], 2)
 
 
 def test_requeued_job_still_completing_is_not_pending_yet():
-    job = job_from_json({"job_id": 12, "job_state": ["PENDING", "COMPLETING"], "state_reason": "JobHeldUser",
-                         "priority": {"set": True, "number": 0}})
+    job = job_from_json(
+        {
+            "job_id": 12,
+            "job_state": ["PENDING", "COMPLETING"],
+            "state_reason": "JobHeldUser",
+            "priority": {"set": True, "number": 0},
+        }
+    )
     assert job.state == "COMPLETING" and not job.held
-    job = job_from_json({"job_id": 12, "job_state": ["PENDING"], "state_reason": "JobHeldUser",
-                         "priority": {"set": True, "number": 0}})
+    job = job_from_json(
+        {"job_id": 12, "job_state": ["PENDING"], "state_reason": "JobHeldUser", "priority": {"set": True, "number": 0}}
+    )
     assert job.state == "PENDING" and job.held
 
 

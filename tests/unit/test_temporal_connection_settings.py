@@ -11,9 +11,15 @@ from contracts.settings import MASK, ConfigError, describe_config, load_settings
 from worker import temporal_tls
 
 PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
-VARIABLES = ("RECOVERY_TEMPORAL_TLS", "RECOVERY_TEMPORAL_TLS_CA", "RECOVERY_TEMPORAL_TLS_CERT",
-             "RECOVERY_TEMPORAL_TLS_KEY", "RECOVERY_TEMPORAL_TLS_SERVER_NAME", "RECOVERY_TEMPORAL_API_KEY",
-             "RECOVERY_CONFIG_FILE")
+VARIABLES = (
+    "RECOVERY_TEMPORAL_TLS",
+    "RECOVERY_TEMPORAL_TLS_CA",
+    "RECOVERY_TEMPORAL_TLS_CERT",
+    "RECOVERY_TEMPORAL_TLS_KEY",
+    "RECOVERY_TEMPORAL_TLS_SERVER_NAME",
+    "RECOVERY_TEMPORAL_API_KEY",
+    "RECOVERY_CONFIG_FILE",
+)
 
 
 @pytest.fixture
@@ -29,6 +35,7 @@ def pem(tmp_path):
         path = tmp_path / name
         path.write_text(content)
         return str(path)
+
     return write
 
 
@@ -42,8 +49,12 @@ def test_the_files_and_the_server_name_make_a_tls_config(env, pem):
     env.setenv("RECOVERY_TEMPORAL_TLS_KEY", pem("client.key", PEM.replace("CERTIFICATE", "PRIVATE KEY")))
     env.setenv("RECOVERY_TEMPORAL_TLS_SERVER_NAME", "temporal.example.net")
     tls = temporal_tls(load_settings())
-    assert tls == TLSConfig(server_root_ca_cert=PEM.encode(), domain="temporal.example.net", client_cert=PEM.encode(),
-                            client_private_key=PEM.replace("CERTIFICATE", "PRIVATE KEY").encode())
+    assert tls == TLSConfig(
+        server_root_ca_cert=PEM.encode(),
+        domain="temporal.example.net",
+        client_cert=PEM.encode(),
+        client_private_key=PEM.replace("CERTIFICATE", "PRIVATE KEY").encode(),
+    )
 
 
 def test_an_api_key_alone_leaves_tls_to_the_sdk_which_turns_it_on(env):
@@ -65,8 +76,11 @@ def test_a_client_certificate_without_its_key_or_the_reverse_is_refused_naming_b
 
 def test_an_unreadable_file_is_refused_at_start(env, pem, tmp_path):
     env.setenv("RECOVERY_TEMPORAL_TLS_CA", str(tmp_path / "absent.pem"))
-    with pytest.raises(ConfigError, match=r"RECOVERY_TEMPORAL_TLS_CA: Value error, cannot read .*absent.pem: "
-                                          r"No such file or directory"):
+    with pytest.raises(
+        ConfigError,
+        match=r"RECOVERY_TEMPORAL_TLS_CA: Value error, cannot read .*absent.pem: "
+        r"No such file or directory",
+    ):
         load_settings()
     env.setenv("RECOVERY_TEMPORAL_TLS_CA", str(tmp_path))
     with pytest.raises(ConfigError, match="RECOVERY_TEMPORAL_TLS_CA: Value error, cannot read .*: Is a directory"):
@@ -81,8 +95,10 @@ def test_tls_turned_off_with_tls_files_is_refused(env, pem):
     env.setenv("RECOVERY_TEMPORAL_TLS_CA", pem("ca.pem"))
     with pytest.raises(ConfigError) as refused:
         load_settings()
-    assert str(refused.value) == ("invalid configuration: Value error, RECOVERY_TEMPORAL_TLS is false, yet "
-                                  "RECOVERY_TEMPORAL_TLS_CA configure TLS: remove one or the other")
+    assert str(refused.value) == (
+        "invalid configuration: Value error, RECOVERY_TEMPORAL_TLS is false, yet "
+        "RECOVERY_TEMPORAL_TLS_CA configure TLS: remove one or the other"
+    )
 
 
 def test_config_masks_the_api_key(env, pem):
@@ -91,5 +107,7 @@ def test_config_masks_the_api_key(env, pem):
     entries = {e.variable: e for e in describe_config(load_settings(), load_telemetry_settings())}
     assert "secret-key" not in repr(entries)
     assert (entries["RECOVERY_TEMPORAL_API_KEY"].value, entries["RECOVERY_TEMPORAL_API_KEY"].source) == (
-        MASK, "environment")
+        MASK,
+        "environment",
+    )
     assert entries["RECOVERY_TEMPORAL_TLS_CA"].value.endswith("ca.pem")

@@ -51,8 +51,10 @@ def test_the_current_phase_notes_and_skips():
     timeline.note("idle -> idle+DRAIN")
     timeline.skip("grace", "fatal XID", at(1))
     assert timeline.current == "drain"  # a skipped phase is never under way
-    assert [(p.name, p.result) for p in timeline.phases] == [("drain", "idle -> idle+DRAIN"),
-                                                             ("grace", "skipped: fatal XID")]
+    assert [(p.name, p.result) for p in timeline.phases] == [
+        ("drain", "idle -> idle+DRAIN"),
+        ("grace", "skipped: fatal XID"),
+    ]
     assert timeline.phases[1].started_at == timeline.phases[1].ended_at == at(1)
     timeline.finish()
     assert timeline.current == DONE

@@ -282,9 +282,7 @@ def test_restart_resumes_from_the_latest_complete_checkpoint(jobs: Jobs, tmp_pat
     assert second.wait_exit() == 143, second.logs()
 
 
-def test_lost_gpu_stalls_the_job_and_term_exits_without_a_checkpoint(
-    jobs: Jobs, tmp_path: Path
-) -> None:
+def test_lost_gpu_stalls_the_job_and_term_exits_without_a_checkpoint(jobs: Jobs, tmp_path: Path) -> None:
     faults = tmp_path / "faults"
     faults.mkdir()
     (faults / "gpu-1").write_text(json.dumps({"xid": 63, "gpu_lost": False}))
@@ -319,9 +317,7 @@ def test_lost_gpu_stalls_the_job_and_term_exits_without_a_checkpoint(
 def test_resumed_run_follows_the_uninterrupted_trajectory(jobs: Jobs, tmp_path: Path) -> None:
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     uninterrupted = jobs.start(straight, "--total-steps", "30", "--step-seconds", "0")
-    interrupted = jobs.start(
-        resumed, "--total-steps", "30", "--step-seconds", "0.05", "--checkpoint-every", "7"
-    )
+    interrupted = jobs.start(resumed, "--total-steps", "30", "--step-seconds", "0.05", "--checkpoint-every", "7")
     interrupted.wait_for_step(8)
     interrupted.proc.send_signal(signal.SIGTERM)
     assert interrupted.wait_exit() == 143, interrupted.logs()

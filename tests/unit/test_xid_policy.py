@@ -56,14 +56,17 @@ def test_a_malformed_table_is_refused_with_the_row(tmp_path: Path):
         XidPolicyTable(bad)
 
 
-@pytest.mark.parametrize(("message", "expected"), [
-    ("GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)", "fatal"),
-    ("GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)", "fatal"),
-    ("GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)", "degrading"),
-    ("GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)", "degrading"),
-    ("GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)", "application"),
-    ("GPU recovery action changed", "unknown"),  # no action named: drain and escalate
-])
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)", "fatal"),
+        ("GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)", "fatal"),
+        ("GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)", "degrading"),
+        ("GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)", "degrading"),
+        ("GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)", "application"),
+        ("GPU recovery action changed", "unknown"),  # no action named: drain and escalate
+    ],
+)
 def test_xid_154_takes_the_drivers_recommended_action(message, expected):
     classification = XidPolicyTable(DEFAULT_XID_POLICY).classify(154, f"NVRM: Xid (PCI:0000:3b:00): 154, {message}")
     assert classification.fault_class.value == expected

@@ -14,6 +14,7 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from contracts.audit import ActorKind
     from contracts.budget import NotificationKind
     from contracts.models import ApprovalGate, ApprovalRequest, DecisionRecord, Gate, OperatorDecision, RecoveryPolicy
     from workflows.audit_trail import AuditTrail
@@ -23,8 +24,13 @@ with workflow.unsafe.imports_passed_through():
 
 
 class Gates:
-    def __init__(self, incident: IncidentRef, steps: Steps, audit: AuditTrail,
-                 notify: Callable[[NotificationKind, str], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        incident: IncidentRef,
+        steps: Steps,
+        audit: AuditTrail,
+        notify: Callable[[NotificationKind, str], Awaitable[None]],
+    ) -> None:
         self._incident = incident
         self._steps = steps
         self._audit = audit
@@ -44,9 +50,15 @@ class Gates:
 
     async def answer_gate(self, kind: Literal["approve", "deny"], decision: OperatorDecision) -> None:
         assert self.awaiting is not None
-        key = await self.operators.verified(kind, decision.actor, decision.reason, decision.signature,
-                                            self.awaiting.gate, incident=self._incident.incident_id,
-                                            node=self._incident.node)
+        key = await self.operators.verified(
+            kind,
+            decision.actor,
+            decision.reason,
+            decision.signature,
+            self.awaiting.gate,
+            incident=self._incident.incident_id,
+            node=self._incident.node,
+        )
         if (why := self.why_no_approval()) is not None:  # answered while it was verified
             raise ApplicationError(why, type="NothingAwaitsApproval", non_retryable=True)
         self.answer = self._decide(kind, decision, key)
@@ -57,30 +69,49 @@ class Gates:
         return None
 
     async def abort_with(self, decision: OperatorDecision, ended: Callable[[], bool]) -> None:
-        key = await self.operators.verified("abort", decision.actor, decision.reason, decision.signature,
-                                            incident=self._incident.incident_id, node=self._incident.node)
+        key = await self.operators.verified(
+            "abort",
+            decision.actor,
+            decision.reason,
+            decision.signature,
+            incident=self._incident.incident_id,
+            node=self._incident.node,
+        )
         if (why := self.why_not_abortable(ended())) is not None:
             raise ApplicationError(why, type="NotAbortable", non_retryable=True)
         self.abort = self._decide("abort", decision, key)
 
-    def _decide(self, kind: Literal["approve", "deny", "abort"], decision: OperatorDecision,
-                key: str | None) -> DecisionRecord:
-        record = DecisionRecord(at=workflow.now(), kind=kind, gate=self.awaiting.gate if self.awaiting else None,
-                                actor=decision.actor, reason=decision.reason, verified_by=key)
+    def _decide(
+        self, kind: Literal["approve", "deny", "abort"], decision: OperatorDecision, key: str | None
+    ) -> DecisionRecord:
+        record = DecisionRecord(
+            at=workflow.now(),
+            kind=kind,
+            gate=self.awaiting.gate if self.awaiting else None,
+            actor=decision.actor,
+            reason=decision.reason,
+            verified_by=key,
+        )
         self._record(record, "operator")
         return record
 
-    def _record(self, record: DecisionRecord, actor_kind: str) -> None:
+    def _record(self, record: DecisionRecord, actor_kind: ActorKind) -> None:
         self.decisions.append(record)
-        self._audit.decision(record.kind + (f"_{record.gate}" if record.gate else ""),
-                             incident=self._incident.incident_id, node=self._incident.node, reason=record.reason,
-                             result=record.kind, actor=record.actor, actor_kind=actor_kind,
-                             parameters={"verified_by": record.verified_by} if record.verified_by else None)
+        self._audit.decision(
+            record.kind + (f"_{record.gate}" if record.gate else ""),
+            incident=self._incident.incident_id,
+            node=self._incident.node,
+            reason=record.reason,
+            result=record.kind,
+            actor=record.actor,
+            actor_kind=actor_kind,
+            parameters={"verified_by": record.verified_by} if record.verified_by else None,
+        )
 
     # --- the incident's side -----------------------------------------------------------------
 
     async def approval(self, gate: ApprovalGate, policy: RecoveryPolicy, question: str) -> str:
-        """"approve" or "deny" for a destructive step; "approve" at once when the policy does not gate it."""
+        """ "approve" or "deny" for a destructive step; "approve" at once when the policy does not gate it."""
         if gate not in policy.approval_required:
             return "approve"
         if policy.dry_run:
@@ -92,12 +123,18 @@ class Gates:
         """Waits for an operator's approve/deny; unanswered by the deadline, the policy decides."""
         await self.ask(gate, question, timedelta(seconds=policy.approval_timeout_seconds))
         try:
-            await workflow.wait_condition(lambda: self.answer is not None,
-                                          timeout=timedelta(seconds=policy.approval_timeout_seconds))
+            await workflow.wait_condition(
+                lambda: self.answer is not None, timeout=timedelta(seconds=policy.approval_timeout_seconds)
+            )
         except asyncio.TimeoutError:
             self.answer = DecisionRecord(
-                at=workflow.now(), kind=policy.approval_timeout_action, gate=gate, actor="policy",
-                reason=f"no answer within {policy.approval_timeout_seconds:.0f} s: {policy.approval_timeout_action} by default")
+                at=workflow.now(),
+                kind=policy.approval_timeout_action,
+                gate=gate,
+                actor="policy",
+                reason=f"no answer within {policy.approval_timeout_seconds:.0f} s: "
+                f"{policy.approval_timeout_action} by default",
+            )
             self._record(self.answer, "policy")
         answer = self.close()
         assert answer is not None
@@ -108,10 +145,12 @@ class Gates:
         """Opens a gate: approve/deny are accepted from now on, and the operators hear of it."""
         now = workflow.now()
         self.answer = None
-        self.awaiting = ApprovalRequest(gate=gate, question=question, asked_at=now,
-                                        deadline_at=now + deadline if deadline is not None else None)
-        workflow.set_current_details(f"Awaiting approval ({gate}): {question}. "
-                                     f"Answer with `recovery approve|deny {self._incident.node}`.")
+        self.awaiting = ApprovalRequest(
+            gate=gate, question=question, asked_at=now, deadline_at=now + deadline if deadline is not None else None
+        )
+        workflow.set_current_details(
+            f"Awaiting approval ({gate}): {question}. Answer with `recovery approve|deny {self._incident.node}`."
+        )
         await self._notify(NotificationKind.APPROVAL_NEEDED, f"{gate}: {question}")
 
     def close(self) -> DecisionRecord | None:

@@ -43,31 +43,41 @@ class HotSpares:
         self._actions = actions
         self._lease = lease
 
-    async def replace(self, node: str, ctx: ActionContext,
-                      policy: RecoveryPolicy) -> tuple[str | None, SpareResult | None]:
+    async def replace(
+        self, node: str, ctx: ActionContext, policy: RecoveryPolicy
+    ) -> tuple[str | None, SpareResult | None]:
         """Claim and resume a hot spare, then wait until it is healthy. Returns why there is no
         replacement (or None), and the spare."""
         lemons = await self._quarantined_spares(policy) if policy.fleet_budget and policy.spare_nodes else []
-        request = ReplacementRequest(failed_node=node, spare_nodes=[s for s in policy.spare_nodes if s not in lemons],
-                                     ctx=ctx)
+        request = ReplacementRequest(
+            failed_node=node, spare_nodes=[s for s in policy.spare_nodes if s not in lemons], ctx=ctx
+        )
         workflow.deprecate_patch(SPARE_CLAIM_LOCK)
-        replacement = await self._steps.run("request_replacement", self._claim_spare(request),
-                                            done_at=lambda replaced: last_action_at(replaced.actions))
+        replacement = await self._steps.run(
+            "request_replacement", self._claim_spare(request), done_at=lambda replaced: last_action_at(replaced.actions)
+        )
         self._actions.extend(replacement.actions)
-        self._steps.note(f"{replacement.provider}: {replacement.node or 'none'} ({replacement.detail})"
-                         + (f"; quarantined spares passed over: {', '.join(lemons)}" if lemons else ""))
+        self._steps.note(
+            f"{replacement.provider}: {replacement.node or 'none'} ({replacement.detail})"
+            + (f"; quarantined spares passed over: {', '.join(lemons)}" if lemons else "")
+        )
         if replacement.node is None:
             return replacement.detail, None
         if policy.dry_run:
             self._steps.skip("wait_for_spare", "dry-run: no spare was brought in")
             return None, None
-        spare = await self._steps.run("wait_for_spare", workflow.execute_activity_method(
-            ReplacementActivities.wait_for_spare,
-            SpareWaitRequest(node=replacement.node, deadline_seconds=policy.spare_wait_seconds),
-            summary=f"Wait for {replacement.node} to be healthy and in service",
-            start_to_close_timeout=timedelta(seconds=policy.spare_wait_seconds + 60),
-            heartbeat_timeout=HEARTBEAT, retry_policy=SLURM_RETRY,
-        ), done_at=lambda waited: waited.in_service_at)
+        spare = await self._steps.run(
+            "wait_for_spare",
+            workflow.execute_activity_method(
+                ReplacementActivities.wait_for_spare,
+                SpareWaitRequest(node=replacement.node, deadline_seconds=policy.spare_wait_seconds),
+                summary=f"Wait for {replacement.node} to be healthy and in service",
+                start_to_close_timeout=timedelta(seconds=policy.spare_wait_seconds + 60),
+                heartbeat_timeout=HEARTBEAT,
+                retry_policy=SLURM_RETRY,
+            ),
+            done_at=lambda waited: waited.in_service_at,
+        )
         self._steps.note(spare.detail)
         return None, spare
 
@@ -81,7 +91,9 @@ class HotSpares:
             workflow.deprecate_patch(LEMONS_FROM_LEASE)
             return [spare for spare in policy.spare_nodes if spare in told]
         return await workflow.execute_activity_method(
-            BudgetActivities.quarantined_among, policy.spare_nodes, summary="Which hot spares are quarantined lemons",
+            BudgetActivities.quarantined_among,
+            policy.spare_nodes,
+            summary="Which hot spares are quarantined lemons",
             **BUDGET_CALL,
         )
 
@@ -90,13 +102,14 @@ class HotSpares:
         one another incident is claiming at the moment is tried again once that claim has ended."""
         actions: list[ActionRecord] = []
         detail = f"no hot spare on standby among {', '.join(request.spare_nodes) or 'none configured'}"
-        to_try, busy = list(request.spare_nodes), []
+        to_try, busy = list(request.spare_nodes), list[str]()
         for _ in range(CLAIM_BUSY_PASSES):
             busy = []
             for spare in to_try:
                 try:
                     tried = await workflow.execute_child_workflow(
-                        SpareClaimWorkflow.run, request.model_copy(update={"spare_nodes": [spare]}),
+                        SpareClaimWorkflow.run,
+                        request.model_copy(update={"spare_nodes": [spare]}),
                         id=spare_claim_workflow_id(workflow.info().task_queue, spare),
                         static_summary=f"Claim hot spare {spare} for {request.failed_node}",
                     )

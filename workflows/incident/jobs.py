@@ -83,7 +83,8 @@ class JobWork:
     async def _signal_job(self, snap: JobSnapshot, ctx: ActionContext) -> ActionRecord | None:
         try:
             return await fence_call(
-                JobActivities.signal_job, SignalRequest(job_id=snap.job.job_id, signal="USR1", ctx=ctx),
+                JobActivities.signal_job,
+                SignalRequest(job_id=snap.job.job_id, signal="USR1", ctx=ctx),
                 f"SIGUSR1 to job {snap.job.job_id}: checkpoint now if you can",
             )
         except ActivityError as e:
@@ -97,18 +98,22 @@ class JobWork:
             workflow.start_activity_method(
                 JobActivities.wait_for_checkpoint,
                 CheckpointWaitRequest(
-                    job_id=s.job.job_id, checkpoint_dir=s.checkpoint_dir,
-                    after_step=s.latest_complete.step if s.latest_complete else None, poll_seconds=poll_seconds,
+                    job_id=s.job.job_id,
+                    checkpoint_dir=s.checkpoint_dir,
+                    after_step=s.latest_complete.step if s.latest_complete else None,
+                    poll_seconds=poll_seconds,
                 ),
                 summary=f"Wait for job {s.job.job_id} to write a checkpoint newer than the one it had",
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(initial_interval=timedelta(seconds=poll_seconds), backoff_coefficient=1.0),
             )
-            for s in jobs if s.checkpoint_dir
+            for s in jobs
+            if s.checkpoint_dir
         ]
         try:
-            await workflow.wait_condition(lambda: all(w.done() for w in waits),
-                                          timeout=timedelta(seconds=grace_seconds))
+            await workflow.wait_condition(
+                lambda: all(w.done() for w in waits), timeout=timedelta(seconds=grace_seconds)
+            )
             self._steps.note(f"{len(waits)} job(s) checkpointed within the grace period")
         except TimeoutError:
             late = sum(not w.done() for w in waits)
@@ -119,19 +124,24 @@ class JobWork:
                 if not w.done():
                     w.cancel()
 
-    async def requeue(self, jobs: list[JobSnapshot], node: str, ctx: ActionContext, policy: RecoveryPolicy,
-                      together: bool) -> list[RequeueResult]:
+    async def requeue(
+        self, jobs: list[JobSnapshot], node: str, ctx: ActionContext, policy: RecoveryPolicy, together: bool
+    ) -> list[RequeueResult]:
         """Each job off the node: through its recovery (`together`), or by this incident. A final
         failure of one requeue ends the incident, with the actions of the others."""
         if together and not ctx.dry_run:
             outcomes = await for_each_job(jobs, lambda snap: self._join_job_recovery(snap, node, ctx, policy))
         else:
-            outcomes = await for_each_job(jobs, lambda snap: workflow.execute_activity_method(
-                JobActivities.requeue_job,
-                RequeueRequest(job=snap.job, failed_node=node, ctx=ctx, pinned_jobs=policy.pinned_jobs),
-                summary=f"Requeue job {snap.job.job_id} away from {node}",
-                heartbeat_timeout=HEARTBEAT, **SLURM_CALL,
-            ))
+            outcomes = await for_each_job(
+                jobs,
+                lambda snap: workflow.execute_activity_method(
+                    JobActivities.requeue_job,
+                    RequeueRequest(job=snap.job, failed_node=node, ctx=ctx, pinned_jobs=policy.pinned_jobs),
+                    summary=f"Requeue job {snap.job.job_id} away from {node}",
+                    heartbeat_timeout=HEARTBEAT,
+                    **SLURM_CALL,
+                ),
+            )
         results = [outcome for outcome in outcomes if isinstance(outcome, RequeueResult)]
         for result in results:
             self._actions.extend(result.actions)
@@ -141,48 +151,66 @@ class JobWork:
         self._steps.note(f"{len(jobs)} job(s) requeued off {node}")
         return results
 
-    async def _join_job_recovery(self, snap: JobSnapshot, node: str, ctx: ActionContext,
-                                 policy: RecoveryPolicy) -> RequeueResult:
+    async def _join_job_recovery(
+        self, snap: JobSnapshot, node: str, ctx: ActionContext, policy: RecoveryPolicy
+    ) -> RequeueResult:
         """The job's requeue off this node, by the job's recovery that the incidents on its nodes share."""
         job_id = snap.job.job_id
         self._joining.add(job_id)
         await workflow.execute_activity_method(
             JobRecoveryActivities.join_job_recovery,
-            JobJoin(incident_id=self._incident.incident_id, workflow_id=workflow.info().workflow_id, node=node,
-                    snapshot=snap, ctx=ctx, verify_deadline_seconds=policy.verify_deadline_seconds,
-                    pinned_jobs=policy.pinned_jobs),
+            JobJoin(
+                incident_id=self._incident.incident_id,
+                workflow_id=workflow.info().workflow_id,
+                node=node,
+                snapshot=snap,
+                ctx=ctx,
+                verify_deadline_seconds=policy.verify_deadline_seconds,
+                pinned_jobs=policy.pinned_jobs,
+            ),
             summary=f"Join the recovery of job {job_id}: its requeue away from {node} and its other failed nodes",
             **SLURM_CALL,
         )
-        joined = await self._hear(job_id, lambda: self._requeued.get(job_id), JOB_REQUEUE_WAIT,
-                                  f"the requeue of job {job_id}")
+        joined = await self._hear(
+            job_id, lambda: self._requeued.get(job_id), JOB_REQUEUE_WAIT, f"the requeue of job {job_id}"
+        )
         self.failed_together[job_id] = joined.failed_together
         return joined.requeue
 
-    async def verify(self, jobs: list[JobSnapshot], requeued: list[RequeueResult], node: str,
-                     deadline: float) -> list[JobVerification]:
+    async def verify(
+        self, jobs: list[JobSnapshot], requeued: list[RequeueResult], node: str, deadline: float
+    ) -> list[JobVerification]:
         """Each job resumed off the node from its latest complete checkpoint: as its recovery
         verified it, or verified by this incident when it requeued the job itself."""
         if self._requeued:
             return list(await asyncio.gather(*(self._verify_together(snap.job.job_id, deadline) for snap in jobs)))
         results = []
         for snap, requeue in zip(jobs, requeued):
-            results.append(await workflow.execute_activity_method(
-                JobActivities.verify_restart,
-                VerifyRequest(snapshot=snap, failed_node=node, requeue=requeue, deadline_seconds=deadline),
-                summary=f"Verify job {snap.job.job_id} resumed off {node} from its latest complete checkpoint",
-                start_to_close_timeout=timedelta(seconds=deadline + 60),
-                heartbeat_timeout=HEARTBEAT, retry_policy=SLURM_RETRY,
-            ))
+            results.append(
+                await workflow.execute_activity_method(
+                    JobActivities.verify_restart,
+                    VerifyRequest(snapshot=snap, failed_node=node, requeue=requeue, deadline_seconds=deadline),
+                    summary=f"Verify job {snap.job.job_id} resumed off {node} from its latest complete checkpoint",
+                    start_to_close_timeout=timedelta(seconds=deadline + 60),
+                    heartbeat_timeout=HEARTBEAT,
+                    retry_policy=SLURM_RETRY,
+                )
+            )
         return results
 
     async def _verify_together(self, job_id: int, deadline: float) -> JobVerification:
         await workflow.execute_activity_method(
-            JobRecoveryActivities.ask_job_verification, args=[job_id, self._requeued[job_id].run_id],
-            summary=f"Ask job {job_id}'s recovery for its verification", **SLURM_CALL,
+            JobRecoveryActivities.ask_job_verification,
+            args=[job_id, self._requeued[job_id].run_id],
+            summary=f"Ask job {job_id}'s recovery for its verification",
+            **SLURM_CALL,
         )
-        recovered = await self._hear(job_id, lambda: self._recovered.get(job_id),
-                                     timedelta(seconds=2 * deadline + 600), f"job {job_id}'s verification")
+        recovered = await self._hear(
+            job_id,
+            lambda: self._recovered.get(job_id),
+            timedelta(seconds=2 * deadline + 600),
+            f"job {job_id}'s verification",
+        )
         self.failed_together[job_id] = recovered.failed_together
         return recovered.verification
 
@@ -191,8 +219,9 @@ class JobWork:
         try:
             await workflow.wait_condition(lambda: told() is not None or job_id in self._failures, timeout=within)
         except asyncio.TimeoutError:
-            raise JobRecoveryFailed(f"JobRecoveryTimeout: no word of {what} from the job's recovery within "
-                                    f"{within.total_seconds():.0f} s") from None
+            raise JobRecoveryFailed(
+                f"JobRecoveryTimeout: no word of {what} from the job's recovery within {within.total_seconds():.0f} s"
+            ) from None
         if (failure := self._failures.get(job_id)) is not None:
             raise JobRecoveryFailed(f"{failure.error_type}: {failure.message}")
         answer = told()
@@ -200,8 +229,7 @@ class JobWork:
         return answer
 
 
-async def for_each_job(jobs: list[JobSnapshot],
-                       work: Callable[[JobSnapshot], Awaitable[T]]) -> list[T | BaseException]:
+async def for_each_job(jobs: list[JobSnapshot], work: Callable[[JobSnapshot], Awaitable[T]]) -> list[T | BaseException]:
     """work(job) for every job, all at once: each touches only its own job, and the last job is
     reached no later than the first. Outcomes in the jobs' order, a failure as its exception."""
     return list(await asyncio.gather(*(work(snap) for snap in jobs), return_exceptions=True))

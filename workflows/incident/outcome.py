@@ -1,6 +1,6 @@
 """An incident's outcome: its text (what users read in the report, `recovery describe` and the
-Web UI), its kind (the text up to its first colon: "recovered", "failed in drain", ...) and who
-hears of it. Pure."""
+Web UI), its kind (contracts/search_attributes.py: the text up to its first colon, "recovered",
+"failed in drain", ...) and who hears of it. Pure."""
 
 from __future__ import annotations
 
@@ -8,11 +8,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 from contracts.budget import NotificationKind
 from contracts.models import JobVerification, SpareResult
-
-
-def outcome_label(outcome: str) -> str:
-    """The outcome's kind, short enough to filter on ("recovered", "failed in drain", ...)."""
-    return outcome.split(":", 1)[0]
+from contracts.search_attributes import outcome_label
 
 
 def cause_of(err: ActivityError) -> str:
@@ -33,8 +29,9 @@ def notification_for(outcome: str) -> NotificationKind | None:
     return None
 
 
-def recovery_outcome(no_replacement: str | None, spare: SpareResult | None,
-                     verifications: list[JobVerification]) -> str:
+def recovery_outcome(
+    no_replacement: str | None, spare: SpareResult | None, verifications: list[JobVerification]
+) -> str:
     """The outcome of an incident that went through its verification."""
     failed = [v for v in verifications if not v.verified]
     if failed:

@@ -46,8 +46,15 @@ class Steps:
         self._index = index
         self._aborted = aborted
 
-    async def run(self, name: str, work: Awaitable[T], *, abortable: bool = True, index_now: bool = True,
-                  done_at: Callable[[T], datetime | None] | None = None) -> T:
+    async def run(
+        self,
+        name: str,
+        work: Awaitable[T],
+        *,
+        abortable: bool = True,
+        index_now: bool = True,
+        done_at: Callable[[T], datetime | None] | None = None,
+    ) -> T:
         """One phase. `index_now=False` for a step that ends within the workflow task it starts in
         (a local activity): its phase goes with the next step's upsert. `done_at`: when the step's
         work was done as the work recorded it (a Slurm write, a spare in service, a job back): the

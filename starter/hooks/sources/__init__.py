@@ -37,9 +37,18 @@ Timestamp = Annotated[AwareDatetime, Field(strict=False), BeforeValidator(_rfc33
 
 # The contract's node name, with its rule in the OpenAPI document too (a validator function alone
 # shows there as any string).
-WireNodeName = Annotated[NodeName, WithJsonSchema(
-    {"type": "string", "minLength": 1, "maxLength": 63, "pattern": _NODE_NAME.pattern,
-     "description": "one host name: letters, digits, '.', '_' or '-', starting with a letter or digit"})]
+WireNodeName = Annotated[
+    NodeName,
+    WithJsonSchema(
+        {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 63,
+            "pattern": _NODE_NAME.pattern,
+            "description": "one host name: letters, digits, '.', '_' or '-', starting with a letter or digit",
+        }
+    ),
+]
 
 
 class WireModel(BaseModel):
@@ -67,17 +76,33 @@ class Incoming:
 
     def to_alert(self) -> NodeFailureAlert:
         assert self.xid is not None, "an event without an XID only joins another node's incident"
-        return NodeFailureAlert(node=self.node, xid=self.xid, source=self.source, actor=self.actor,
-                                reason=self.reason, observed_at=self.observed_at, message=self.message,
-                                gpu_index=self.gpu_index, gpu_uuid=self.gpu_uuid, pci_address=self.pci_address)
+        return NodeFailureAlert(
+            node=self.node,
+            xid=self.xid,
+            source=self.source,
+            actor=self.actor,
+            reason=self.reason,
+            observed_at=self.observed_at,
+            message=self.message,
+            gpu_index=self.gpu_index,
+            gpu_uuid=self.gpu_uuid,
+            pci_address=self.pci_address,
+        )
 
     def joining(self, primary_node: str, primary_xid: int, why: str) -> NodeFailureAlert:
         """This alert as it joins the incident of the node whose failure it follows from: that
         node's, observed on this one; an NCCL timeout, which has no XID, carries the primary's. It
         names no GPU: its GPU is one of this node's, and the incident's GPU is the failed node's."""
-        return NodeFailureAlert(node=primary_node, observed_on=self.node, xid=self.xid or primary_xid,
-                                source=self.source, actor=self.actor, reason=clip(f"{why}: {self.reason}", REASON_MAX),
-                                observed_at=self.observed_at, message=self.message)
+        return NodeFailureAlert(
+            node=primary_node,
+            observed_on=self.node,
+            xid=self.xid or primary_xid,
+            source=self.source,
+            actor=self.actor,
+            reason=clip(f"{why}: {self.reason}", REASON_MAX),
+            observed_at=self.observed_at,
+            message=self.message,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,9 +74,11 @@ def gpu_from_labels(labels: dict[str, str]) -> tuple[int | None, str | None, str
     shape: another exporter's label of the same name is no reason to refuse the alert's XID."""
     index = labels.get(GPU_INDEX_LABEL, "")
     uuid = labels.get(GPU_UUID_LABEL, "")
-    return (int(index) if index.isascii() and index.isdigit() and int(index) <= MAX_GPU_INDEX else None,
-            uuid if GPU_UUID.match(uuid) else None,
-            canonical_pci_address(labels.get(PCI_ADDRESS_LABEL, "")))
+    return (
+        int(index) if index.isascii() and index.isdigit() and int(index) <= MAX_GPU_INDEX else None,
+        uuid if GPU_UUID.match(uuid) else None,
+        canonical_pci_address(labels.get(PCI_ADDRESS_LABEL, "")),
+    )
 
 
 def to_incoming(hook: AlertmanagerWebhook, node_labels: list[str]) -> tuple[list[Incoming], list[dict[str, str]]]:
@@ -96,19 +98,31 @@ def to_incoming(hook: AlertmanagerWebhook, node_labels: list[str]) -> tuple[list
         raw_xid = a.labels.get(XID_LABEL)
         xid = int(raw_xid) if raw_xid is not None and raw_xid.isascii() and raw_xid.isdigit() else None
         if xid is None or not 1 <= xid <= 999:
-            problems.append(problem(f"{where}.{XID_LABEL}",
-                                    "the XID (1-999) is missing or not an integer; the shipped rule sets it "
-                                    "from DCGM_FI_DEV_XID_ERRORS"))
+            problems.append(
+                problem(
+                    f"{where}.{XID_LABEL}",
+                    "the XID (1-999) is missing or not an integer; the shipped rule sets it "
+                    "from DCGM_FI_DEV_XID_ERRORS",
+                )
+            )
         if problems:
             continue  # keep collecting every alert's problems; build nothing once one is bad
         alertname = a.labels.get("alertname", "alert")
         gpu = a.labels.get(GPU_INDEX_LABEL) or a.labels.get(GPU_UUID_LABEL) or "?"
         gpu_index, gpu_uuid, pci_address = gpu_from_labels(a.labels)
-        alerts.append(Incoming(
-            node=found[1], xid=xid, source=SOURCE, actor=actor,
-            reason=one_line(a.annotations.get("summary", ""), REASON_MAX) or f"{alertname}: XID {xid} on GPU {gpu}",
-            observed_at=a.startsAt,
-            message=clip(a.annotations.get("description", ""), MESSAGE_MAX),
-            resolved=a.status == "resolved", gpu_index=gpu_index, gpu_uuid=gpu_uuid, pci_address=pci_address,
-        ))
+        alerts.append(
+            Incoming(
+                node=found[1],
+                xid=xid,
+                source=SOURCE,
+                actor=actor,
+                reason=one_line(a.annotations.get("summary", ""), REASON_MAX) or f"{alertname}: XID {xid} on GPU {gpu}",
+                observed_at=a.startsAt,
+                message=clip(a.annotations.get("description", ""), MESSAGE_MAX),
+                resolved=a.status == "resolved",
+                gpu_index=gpu_index,
+                gpu_uuid=gpu_uuid,
+                pci_address=pci_address,
+            )
+        )
     return alerts, problems

@@ -15,6 +15,7 @@ from contracts.models import GpuIndex, GpuUuid, Xid
 from starter.hooks.sources import MESSAGE_MAX, Incoming, Timestamp, WireModel, WireNodeName, one_line
 from starter.hooks.sources.kernel_log import SourceName
 
+
 class GpuHealthEvent(WireModel):
     node: WireNodeName
     gpu_index: GpuIndex | None = None
@@ -46,7 +47,13 @@ def to_incoming(event: GpuHealthEvent) -> Incoming:
     on = f" on {event.gpu}" if event.gpu else ""
     detail = one_line(event.message, 300)
     return Incoming(
-        node=event.node, xid=event.xid, source=event.source, actor=f"GPU health of {event.node}",
+        node=event.node,
+        xid=event.xid,
+        source=event.source,
+        actor=f"GPU health of {event.node}",
         reason=f"{what}{on}" + (f": {detail}" if detail else ""),
-        observed_at=event.observed_at, message=event.message, gpu_index=event.gpu_index, gpu_uuid=event.gpu_uuid,
+        observed_at=event.observed_at,
+        message=event.message,
+        gpu_index=event.gpu_index,
+        gpu_uuid=event.gpu_uuid,
     )

@@ -89,12 +89,18 @@ def to_incoming(post: KernelLogPost, received_at: datetime) -> Parsed:
         if not 1 <= xid <= 999:
             problems.append(problem(f"lines[{i}]", f"XID {xid} is out of range 1-999"))
             continue
-        alerts.append(Incoming(
-            node=post.node, xid=xid, source=post.source, actor=f"kernel log of {post.node}",
-            reason=one_line(f"XID {xid} on {pci}: {description}", REASON_MAX),
-            observed_at=when or post.observed_at or received_at,
-            message=clip(line.strip(), MESSAGE_MAX), pci_address=canonical_pci_address(pci),
-        ))
+        alerts.append(
+            Incoming(
+                node=post.node,
+                xid=xid,
+                source=post.source,
+                actor=f"kernel log of {post.node}",
+                reason=one_line(f"XID {xid} on {pci}: {description}", REASON_MAX),
+                observed_at=when or post.observed_at or received_at,
+                message=clip(line.strip(), MESSAGE_MAX),
+                pci_address=canonical_pci_address(pci),
+            )
+        )
     if not alerts and not problems:
         problems = [problem(f"lines[{line.index}]", line.reason) for line in ignored]
         ignored = []
