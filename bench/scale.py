@@ -51,6 +51,7 @@ from bench.services import cpu_seconds, machine_busy_seconds, process, temporal_
 from bench.stack import BenchStack, say
 from bench.table import Row, goal, median, percentile, row
 from contracts.models import NodeFailureAlert, RecoveryPolicy
+from contracts.search_attributes import outcome_label
 from contracts.settings import Settings
 from starter.alerts import raise_alerts
 from starter.localstack import REPO, StackError, wait_async
@@ -381,7 +382,7 @@ async def _outcomes(client: Client, nodes: int) -> dict[str, int]:
             report = await client.get_workflow_handle_for(
                 NodeRecoveryWorkflow.run, incident_workflow_id(node_name(i))
             ).result()
-        outcome = report.outcome.split(":", 1)[0]
+        outcome = outcome_label(report.outcome)
         counts[outcome] = counts.get(outcome, 0) + 1
 
     await asyncio.gather(*(one(i) for i in range(nodes)))

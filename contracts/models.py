@@ -690,13 +690,38 @@ class JobReport(Contract):
     )
 
 
+class IncidentAction(StrEnum):
+    """What the policy decided for the fault."""
+
+    RECOVER = "recover"
+    FENCE_AND_ESCALATE = "fence_and_escalate"
+    NONE = "none"
+
+
+class OutcomeKind(StrEnum):
+    """What an incident came to, to filter and count on; the outcome's text says the rest."""
+
+    RECOVERED = "recovered"
+    NO_NODE_ACTION = "no_node_action"  # an application XID below its threshold
+    NO_REPLACEMENT = "no_replacement"  # the jobs resumed, no capacity came in
+    SPARE_UNHEALTHY = "spare_unhealthy"
+    FAILED_VERIFICATION = "failed_verification"
+    FAILED = "failed"  # a step failed for good ("failed in <phase>: ...")
+    ESCALATED = "escalated"  # fenced, left to a person
+    DENIED = "denied"  # an operator refused a step
+    HELD = "held"  # the fence circuit breaker held it, nothing drained
+    ABORTED = "aborted"
+    DRY_RUN = "dry_run"
+
+
 class IncidentReport(Contract):
     incident_id: str
     node: str
     xid: int
     fault_class: FaultClass
-    action: str = Field(description="what the policy decided: recover, fence_and_escalate, none")
+    action: IncidentAction = Field(description="what the policy decided: recover, fence_and_escalate, none")
     outcome: str = Field(description="'recovered', or why not")
+    outcome_kind: OutcomeKind | None = Field(None, description="the outcome's kind (None in reports from before it)")
     failure_at: datetime
     phases: list[Phase]
     spare_node: str | None = None

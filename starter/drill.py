@@ -32,7 +32,15 @@ from activities.xid_policy import XidPolicyTable
 from backends.replacement import SPARE_STANDBY_REASON
 from backends.slurm import SlurmCli, SlurmCommandError
 from contracts.k8s_settings import KubernetesSettings
-from contracts.models import FaultClass, IncidentReport, NodeFailureAlert, RecoveryPolicy, SlurmJob, SlurmNode
+from contracts.models import (
+    FaultClass,
+    IncidentReport,
+    NodeFailureAlert,
+    OutcomeKind,
+    RecoveryPolicy,
+    SlurmJob,
+    SlurmNode,
+)
 from contracts.settings import Settings, load_settings
 from kubesim.server import KubeApiServer
 from kubesim.simulators import NODESET
@@ -337,7 +345,7 @@ class Drill:
         return [
             DrillCheck(
                 name="dry-run outcome",
-                passed=report.dry_run and report.outcome.startswith("dry_run"),
+                passed=report.dry_run and report.outcome_kind == OutcomeKind.DRY_RUN,
                 detail=report.outcome,
             ),
             DrillCheck(
@@ -368,7 +376,9 @@ class Drill:
     ) -> list[DrillCheck]:
         checks = []
         if fault_class in (FaultClass.FATAL, FaultClass.DEGRADING):
-            checks.append(DrillCheck(name="recovered", passed=report.outcome == "recovered", detail=report.outcome))
+            checks.append(
+                DrillCheck(name="recovered", passed=report.outcome_kind == OutcomeKind.RECOVERED, detail=report.outcome)
+            )
             job = next((j for j in report.jobs if j.job_id == job_id), None)
             checks.append(
                 DrillCheck(
@@ -398,7 +408,7 @@ class Drill:
             checks.append(
                 DrillCheck(
                     name="no node action",
-                    passed=report.outcome == "no_node_action" and live.in_service,
+                    passed=report.outcome_kind == OutcomeKind.NO_NODE_ACTION and live.in_service,
                     detail=f"{node}: {live.state} {live.flags}",
                 )
             )
@@ -414,7 +424,7 @@ class Drill:
             checks.append(
                 DrillCheck(
                     name="drained and escalated",
-                    passed=report.outcome.startswith("escalated") and live.drained,
+                    passed=report.outcome_kind == OutcomeKind.ESCALATED and live.drained,
                     detail=report.outcome,
                 )
             )

@@ -44,7 +44,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.xid_policy import XidPolicyTable
-from contracts.models import IncidentReport, NodeFailureAlert, RecoveryPolicy, SlurmJob
+from contracts.models import IncidentReport, NodeFailureAlert, OutcomeKind, RecoveryPolicy, SlurmJob
 from starter.alerts import raise_alert
 from starter.drill import Drill, DrillOptions, DrillResult, DrillRun
 from starter.faults import (
@@ -295,10 +295,13 @@ async def recovery_slos(game: GameDay, scenario: Scenario, result: DrillResult, 
     report = result.report
     found = await side_effects(game.drill, [report], [result.job_id])
     outcome = (
-        judged("outcome", "recovered", report.outcome, report.outcome == "recovered")
+        judged("outcome", "recovered", report.outcome, report.outcome_kind == OutcomeKind.RECOVERED)
         if spare
         else judged(
-            "outcome", "no_replacement, said explicitly", report.outcome, report.outcome.startswith("no_replacement: ")
+            "outcome",
+            "no_replacement, said explicitly",
+            report.outcome,
+            report.outcome_kind == OutcomeKind.NO_REPLACEMENT,
         )
     )
     return [
@@ -471,7 +474,7 @@ async def play_storm(game: GameDay, scenario: Scenario) -> tuple[list[Slo], list
         f"AND StartTime >= '{started:%Y-%m-%dT%H:%M:%SZ}'"
     )
     opened = [wf.id async for wf in game.client.list_workflows(query)]
-    handled = [r for r in reports if r.outcome == "recovered" or r.outcome.startswith("no_replacement: ")]
+    handled = [r for r in reports if r.outcome_kind in (OutcomeKind.RECOVERED, OutcomeKind.NO_REPLACEMENT)]
     with_jobs = [r for r in reports if r.jobs]
     claimants = reports if drill.policy.spare_for_idle_node else with_jobs
     resumed = {j.job_id for r in with_jobs for j in r.jobs if j.verified}
@@ -490,8 +493,8 @@ async def play_storm(game: GameDay, scenario: Scenario) -> tuple[list[Slo], list
             str(len(handled)),
             len(handled) == len(failing),
             detail="; ".join(f"{r.node}: {r.outcome}" for r in reports if r not in handled)
-            or f"{sum(r.outcome == 'recovered' for r in reports)} recovered, "
-            f"{sum(r.outcome.startswith('no_replacement') for r in reports)} no_replacement",
+            or f"{sum(r.outcome_kind == OutcomeKind.RECOVERED for r in reports)} recovered, "
+            f"{sum(r.outcome_kind == OutcomeKind.NO_REPLACEMENT for r in reports)} no_replacement",
         ),
         detect_slo(reports, scenario.targets),
         await fence_slo(drill, reports, scenario.targets),

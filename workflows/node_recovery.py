@@ -38,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
         DecisionRecord,
         FaultClass,
         FaultClassification,
+        IncidentAction,
         IncidentReport,
         IncidentStatus,
         JobRecovered,
@@ -49,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         NodeFenceResult,
         NodeRequest,
         OperatorDecision,
+        OutcomeKind,
         RecoveryPolicy,
         RecoveryRequest,
         ReturnToServiceRequest,
@@ -103,7 +105,12 @@ def incident_workflow_id(node: str) -> str:
 
 
 class FenceHeld(Exception):
-    """The fence circuit breaker held the incident until it gave up: the node was not drained."""
+    """The fence circuit breaker held the incident until it gave up, or an operator denied the
+    fence past it: the node was not drained."""
+
+    def __init__(self, kind: OutcomeKind, why: str) -> None:
+        super().__init__(why)
+        self.kind = kind
 
 
 @workflow.defn
@@ -259,7 +266,7 @@ class NodeRecoveryWorkflow:
             reason=report.action,
             result=report.outcome,
         )
-        kind = notification_for(report.outcome)
+        kind = notification_for(report.outcome_kind)
         if kind is not None:
             await self._notify(kind, f"{self._incident.node}: {report.outcome}")
         try:
@@ -332,14 +339,14 @@ class NodeRecoveryWorkflow:
             mnemonic=cls.mnemonic,
             dry_run=policy.dry_run,
         )
-        action = "none"
+        action = IncidentAction.NONE
         try:
             if cls.fault_class == FaultClass.APPLICATION:
                 seen = await self._steps.run("count_application_xids", self._count_application_xids(first, policy))
                 if seen < policy.application_xid_threshold:
-                    return self._finish(first, action, "no_node_action", [], None)
+                    return self._finish(first, action, OutcomeKind.NO_NODE_ACTION, "no_node_action", [], None)
                 # Repeated on one GPU, an "application" XID points at the GPU: fence, let a person decide.
-                action = "fence_and_escalate"
+                action = IncidentAction.FENCE_AND_ESCALATE
                 return await self._fence_and_escalate(
                     req,
                     ctx,
@@ -349,25 +356,33 @@ class NodeRecoveryWorkflow:
                     f"GPU {first.gpu or '(unnamed)'} within "
                     f"{policy.application_xid_window_seconds:.0f} s",
                 )
-            action = "fence_and_escalate" if cls.fault_class == FaultClass.UNKNOWN else "recover"
+            action = (
+                IncidentAction.FENCE_AND_ESCALATE if cls.fault_class == FaultClass.UNKNOWN else IncidentAction.RECOVER
+            )
             return await self._recover(req, first, cls, ctx, action)
         except ActivityError as err:
             # A final failure (a node or job Slurm does not know, a deadline passed): the incident
             # ends in an explicit failed state, with the report of what was done before it.
-            why = f"failed in {self._steps.timeline.current}: {cause_of(err)}"
+            kind, why = OutcomeKind.FAILED, f"failed in {self._steps.timeline.current}: {cause_of(err)}"
         except JobRecoveryFailed as failed:
-            why = f"failed in {self._steps.timeline.current}: {failed}"
+            kind, why = OutcomeKind.FAILED, f"failed in {self._steps.timeline.current}: {failed}"
         except FenceHeld as held:
-            why = str(held)
+            kind, why = held.kind, str(held)
         except IncidentAborted:
             abort = self._gates.abort
             assert abort is not None
+            kind = OutcomeKind.ABORTED
             why = f"aborted by {abort.actor} in {self._steps.timeline.current}: {abort.reason}; node left as it was"
         self._steps.note(why)
-        return self._finish(first, action, why, [], None)
+        return self._finish(first, action, kind, why, [], None)
 
     async def _recover(
-        self, req: RecoveryRequest, first: NodeFailureAlert, cls: FaultClassification, ctx: ActionContext, action: str
+        self,
+        req: RecoveryRequest,
+        first: NodeFailureAlert,
+        cls: FaultClassification,
+        ctx: ActionContext,
+        action: IncidentAction,
     ) -> IncidentReport:
         policy, node = req.policy, req.node
         if cls.fault_class == FaultClass.UNKNOWN:
@@ -379,6 +394,7 @@ class NodeRecoveryWorkflow:
             return self._finish(
                 first,
                 action,
+                OutcomeKind.DENIED,
                 f"denied: over budget ({denied.actor}: {denied.reason}); node stays drained, jobs left running",
                 [],
                 None,
@@ -396,6 +412,7 @@ class NodeRecoveryWorkflow:
             return self._finish(
                 first,
                 action,
+                OutcomeKind.DENIED,
                 f"denied: requeue ({denied.actor}: {denied.reason}); node stays drained, jobs left running",
                 [],
                 None,
@@ -412,7 +429,9 @@ class NodeRecoveryWorkflow:
         if policy.dry_run:
             self._steps.skip("verify", "dry-run: no job was requeued")
             intended = sum(not a.executed for a in self._actions)
-            return self._finish(first, action, f"dry_run: {intended} action(s) intended, none executed", [], None)
+            return self._finish(
+                first, action, OutcomeKind.DRY_RUN, f"dry_run: {intended} action(s) intended, none executed", [], None
+            )
         verifications = await self._steps.run(
             "verify",
             self._job_work.verify(jobs, requeued, node, policy.verify_deadline_seconds),
@@ -426,7 +445,8 @@ class NodeRecoveryWorkflow:
                 "return_to_service",
                 self._start_return_to_service(node, ctx, policy, pod.node if pod is not None else None),
             )
-        return self._finish(first, action, recovery_outcome(no_replacement, spare, verifications), verifications, spare)
+        kind, outcome = recovery_outcome(no_replacement, spare, verifications)
+        return self._finish(first, action, kind, outcome, verifications, spare)
 
     # --- the steps of the story -----------------------------------------------------------------
 
@@ -434,7 +454,7 @@ class NodeRecoveryWorkflow:
         if req.policy.fleet_budget and not req.policy.dry_run and self._fence_breaker:
             held = await self._steps.run("breaker", self._pass_breaker(req.node, req.policy), index_now=False)
             if held is not None:
-                raise FenceHeld(held)
+                raise held
         await self._notify(
             NotificationKind.INCIDENT_OPENED,
             f"XID {ctx.xid} {ctx.mnemonic} on {req.node} ({ctx.reason}): draining the node",
@@ -453,7 +473,7 @@ class NodeRecoveryWorkflow:
         self._steps.note(fence.action.detail)
         return fence
 
-    async def _pass_breaker(self, node: str, policy: RecoveryPolicy) -> str | None:
+    async def _pass_breaker(self, node: str, policy: RecoveryPolicy) -> FenceHeld | None:
         """The fence circuit breaker's word before the drain. Tripped, the incident is held here,
         nothing drained, until an operator resets the breaker or answers for this node, or until
         fence_hold_seconds pass. Returns why the node stays undrained, or None: fence it."""
@@ -470,24 +490,27 @@ class NodeRecoveryWorkflow:
             answer = self._gates.close()
             if state.fence_held:
                 if answer is None:
-                    return (
+                    return FenceHeld(
+                        OutcomeKind.HELD,
                         f"held: the fence circuit breaker stayed tripped for {hold.total_seconds():.0f} s; "
-                        "nothing was drained"
+                        "nothing was drained",
                     )
                 if answer.kind == "deny":
-                    return (
-                        f"denied: fence past the tripped breaker ({answer.actor}: {answer.reason}); nothing was drained"
+                    return FenceHeld(
+                        OutcomeKind.DENIED,
+                        f"denied: fence past the tripped breaker ({answer.actor}: {answer.reason}); "
+                        "nothing was drained",
                     )
                 state = await self._lease.approve_fence(OperatorDecision(actor=answer.actor, reason=answer.reason))
         self._steps.note(f"fence permitted by {state.granted_by or 'policy'}: {state.reason}")
         return None
 
     async def _fence_and_escalate(
-        self, req: RecoveryRequest, ctx: ActionContext, first: NodeFailureAlert, action: str, why: str
+        self, req: RecoveryRequest, ctx: ActionContext, first: NodeFailureAlert, action: IncidentAction, why: str
     ) -> IncidentReport:
         """Drain only: nothing lands on the node, running jobs go on, a person decides the rest."""
         await self._drain(req, ctx)
-        return self._finish(first, action, f"{why}: node drained, jobs left running", [], None)
+        return self._finish(first, action, OutcomeKind.ESCALATED, f"{why}: node drained, jobs left running", [], None)
 
     async def _find_jobs_and_lease(
         self, node: str, policy: RecoveryPolicy
@@ -692,14 +715,15 @@ class NodeRecoveryWorkflow:
     def _finish(
         self,
         first: NodeFailureAlert,
-        action: str,
+        action: IncidentAction,
+        kind: OutcomeKind,
         outcome: str,
         verifications: list[JobVerification],
         spare: SpareResult | None,
     ) -> IncidentReport:
         assert self._classification is not None
-        if any(not a.executed for a in self._actions) and not outcome.startswith("dry_run"):
-            outcome = f"dry_run: {outcome} (nothing executed)"
+        if any(not a.executed for a in self._actions) and kind != OutcomeKind.DRY_RUN:
+            kind, outcome = OutcomeKind.DRY_RUN, f"dry_run: {outcome} (nothing executed)"
         self._outcome = outcome
         timeline = self._steps.timeline
         timeline.finish()
@@ -711,6 +735,7 @@ class NodeRecoveryWorkflow:
             classification=self._classification,
             action=action,
             outcome=outcome,
+            outcome_kind=kind,
             failure_at=first.observed_at,
             phases=timeline.phases,
             jobs=self._jobs,

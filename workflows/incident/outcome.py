@@ -1,14 +1,12 @@
-"""An incident's outcome: its text (what users read in the report, `recovery describe` and the
-Web UI), its kind (contracts/search_attributes.py: the text up to its first colon, "recovered",
-"failed in drain", ...) and who hears of it. Pure."""
+"""An incident's outcome: its kind (contracts.models.OutcomeKind), its text (what users read in the
+report, `recovery describe` and the Web UI) and who hears of it. Pure."""
 
 from __future__ import annotations
 
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from contracts.budget import NotificationKind
-from contracts.models import JobVerification, SpareResult
-from contracts.search_attributes import outcome_label
+from contracts.models import JobVerification, OutcomeKind, SpareResult
 
 
 def cause_of(err: ActivityError) -> str:
@@ -19,25 +17,31 @@ def cause_of(err: ActivityError) -> str:
     return str(cause or err)
 
 
-def notification_for(outcome: str) -> NotificationKind | None:
+def notification_for(kind: OutcomeKind | None) -> NotificationKind | None:
     """Operators hear of a recovery, and of every end that leaves them something to do."""
-    label = outcome_label(outcome)
-    if label == "recovered":
+    if kind == OutcomeKind.RECOVERED:
         return NotificationKind.RECOVERED
-    if label.startswith(("failed", "escalated")) or label in ("spare_unhealthy", "no_replacement"):
+    if kind in (
+        OutcomeKind.FAILED,
+        OutcomeKind.FAILED_VERIFICATION,
+        OutcomeKind.ESCALATED,
+        OutcomeKind.SPARE_UNHEALTHY,
+        OutcomeKind.NO_REPLACEMENT,
+    ):
         return NotificationKind.FAILED
     return None
 
 
 def recovery_outcome(
     no_replacement: str | None, spare: SpareResult | None, verifications: list[JobVerification]
-) -> str:
-    """The outcome of an incident that went through its verification."""
+) -> tuple[OutcomeKind, str]:
+    """The outcome of an incident that went through its verification: its kind and its text."""
     failed = [v for v in verifications if not v.verified]
     if failed:
-        return "failed_verification: " + "; ".join(f"job {v.job_id}: {', '.join(v.why_not)}" for v in failed)
+        why = "; ".join(f"job {v.job_id}: {', '.join(v.why_not)}" for v in failed)
+        return OutcomeKind.FAILED_VERIFICATION, f"failed_verification: {why}"
     if no_replacement is not None:
-        return f"no_replacement: {no_replacement}"
+        return OutcomeKind.NO_REPLACEMENT, f"no_replacement: {no_replacement}"
     if spare is not None and not spare.healthy:
-        return f"spare_unhealthy: {spare.node}: {spare.detail}"
-    return "recovered"
+        return OutcomeKind.SPARE_UNHEALTHY, f"spare_unhealthy: {spare.node}: {spare.detail}"
+    return OutcomeKind.RECOVERED, "recovered"
