@@ -22,7 +22,7 @@ import time
 from typing import TextIO
 
 from backends.replacement import SPARE_STANDBY_REASON
-from backends.slurm.api import NodeUpdate, SlurmCommandError, SlurmNotFound
+from backends.slurm.api import NodeUpdate, SlurmCommandError, SlurmNotFound, SlurmOperation
 from contracts.models import Invocation, SlurmJob, SlurmNode
 
 OPERATIONS = (
@@ -83,7 +83,7 @@ class ScaleSlurm:
             )
             self._spare_of[i + 1] = spare_name(i)
 
-    def supports(self, operation: str) -> bool:
+    def supports(self, operation: SlurmOperation) -> bool:
         return True
 
     async def _call(self, operation: str, target: str, detail: str = "") -> None:

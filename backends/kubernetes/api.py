@@ -20,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from backends.kubernetes.errors import ConflictPersists
 
 T = TypeVar("T")
+R = TypeVar("R")
 Progress = Callable[[str], None]
 CONFLICT_ATTEMPTS = 10
 # A watch window's read time-out: its timeoutSeconds, and time for the server to close it.
@@ -67,9 +68,9 @@ def status_of(error: BaseException) -> int | None:
 
 async def update_optimistically(
     read: Callable[[], Awaitable[T]],
-    write: Callable[[T], Awaitable[Any]],
+    write: Callable[[T], Awaitable[R]],
     what: str,
-) -> Any:
+) -> R:
     """Read, let `write` change and PUT the object with the resourceVersion it was read at, and
     start over on 409 Conflict: a write never overwrites a change it did not see (a taint another
     owner added meanwhile survives). `write` returns what the caller wants back."""

@@ -7,6 +7,20 @@ from typing import Literal, Protocol
 from contracts.models import Invocation, SlurmJob, SlurmNode, SlurmPath
 
 NodeUpdate = Literal["DRAIN", "DOWN", "RESUME"]
+# The operations of SlurmBackend, by name: a backend says which it supports, the client routes each.
+SlurmOperation = Literal[
+    "get_node",
+    "list_nodes",
+    "list_jobs",
+    "get_job",
+    "update_node",
+    "set_node_comment",
+    "signal_job",
+    "requeue_hold",
+    "set_excluded_nodes",
+    "set_required_nodes",
+    "release_job",
+]
 
 
 class SlurmError(Exception):
@@ -38,7 +52,7 @@ class SlurmBackend(Protocol):
     path: SlurmPath
     dry_run: bool
 
-    def supports(self, operation: str) -> bool: ...
+    def supports(self, operation: SlurmOperation) -> bool: ...
 
     async def get_node(self, name: str) -> SlurmNode: ...
 

@@ -12,6 +12,7 @@ from backends.slurm.api import (
     NodeUpdate,
     SlurmCommandError,
     SlurmNotFound,
+    SlurmOperation,
     SlurmUnavailable,
 )
 from backends.slurm.parse import job_from_json, node_from_json
@@ -45,7 +46,7 @@ class SlurmCli:
         self._bin_dir = bin_dir
         self._version: tuple[int, int] | None = None
 
-    def supports(self, operation: str) -> bool:
+    def supports(self, operation: SlurmOperation) -> bool:
         return True
 
     async def run(self, *argv: str) -> str:
@@ -83,6 +84,8 @@ class SlurmCli:
             raise SlurmUnavailable(f"{argv[0]} printed no JSON: {out[:200]!r}") from e
         # 22.05's sinfo and squeue --json exit 0 when slurmctld cannot be reached: the lists are
         # empty and the failure is in `errors`. That is an unknown state, not an empty cluster.
+        if not isinstance(data, dict):
+            raise SlurmUnavailable(f"{argv[0]} printed JSON that is not an object: {out[:200]!r}")
         if data.get("errors"):
             raise SlurmUnavailable(f"{argv[0]} could not read slurmctld: {data['errors']}")
         return data

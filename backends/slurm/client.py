@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
 
-from backends.slurm.api import NodeUpdate, SlurmBackend
+from backends.slurm.api import NodeUpdate, SlurmBackend, SlurmOperation
 from contracts.models import Invocation, SlurmJob, SlurmNode, SlurmPath
 
 
@@ -30,28 +29,25 @@ class SlurmClient:
         """This client, or its planning twin for an incident in dry-run."""
         return self.planning() if dry_run else self
 
-    def backend_for(self, operation: str) -> SlurmBackend:
+    def backend_for(self, operation: SlurmOperation) -> SlurmBackend:
         if self.rest is not None and self.rest.supports(operation):
             return self.rest
         return self.cli
 
-    def path_for(self, operation: str) -> SlurmPath:
+    def path_for(self, operation: SlurmOperation) -> SlurmPath:
         return self.backend_for(operation).path
 
-    async def _call(self, operation: str, *args: Any) -> Any:
-        return await getattr(self.backend_for(operation), operation)(*args)
-
     async def get_node(self, name: str) -> SlurmNode:
-        return await self._call("get_node", name)
+        return await self.backend_for("get_node").get_node(name)
 
     async def list_nodes(self) -> list[SlurmNode]:
-        return await self._call("list_nodes")
+        return await self.backend_for("list_nodes").list_nodes()
 
     async def list_jobs(self) -> list[SlurmJob]:
-        return await self._call("list_jobs")
+        return await self.backend_for("list_jobs").list_jobs()
 
     async def get_job(self, job_id: int) -> SlurmJob:
-        return await self._call("get_job", job_id)
+        return await self.backend_for("get_job").get_job(job_id)
 
     async def jobs_on_node(self, name: str) -> list[SlurmJob]:
         """Jobs that hold the node now (running, or completing their signal handling)."""
@@ -62,23 +58,23 @@ class SlurmClient:
         ]
 
     async def update_node(self, name: str, state: NodeUpdate, reason: str | None) -> Invocation:
-        return await self._call("update_node", name, state, reason)
+        return await self.backend_for("update_node").update_node(name, state, reason)
 
     async def set_node_comment(self, name: str, comment: str) -> Invocation:
-        return await self._call("set_node_comment", name, comment)
+        return await self.backend_for("set_node_comment").set_node_comment(name, comment)
 
     async def signal_job(self, job_id: int, signal: str) -> Invocation:
-        return await self._call("signal_job", job_id, signal)
+        return await self.backend_for("signal_job").signal_job(job_id, signal)
 
     async def requeue_hold(self, job_id: int) -> Invocation:
-        return await self._call("requeue_hold", job_id)
+        return await self.backend_for("requeue_hold").requeue_hold(job_id)
 
     async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> Invocation:
-        return await self._call("set_excluded_nodes", job_id, nodes)
+        return await self.backend_for("set_excluded_nodes").set_excluded_nodes(job_id, nodes)
 
     async def set_required_nodes(self, job_id: int, nodes: list[str]) -> Invocation:
         """The job's pin (ReqNodeList); an empty list removes it."""
-        return await self._call("set_required_nodes", job_id, nodes)
+        return await self.backend_for("set_required_nodes").set_required_nodes(job_id, nodes)
 
     async def release_job(self, job_id: int) -> Invocation:
-        return await self._call("release_job", job_id)
+        return await self.backend_for("release_job").release_job(job_id)

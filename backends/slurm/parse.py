@@ -41,9 +41,8 @@ _BASE_NODE_STATES = {
 def expand_nodes(value: str | list[str] | None) -> list[str]:
     if not value:
         return []
-    if isinstance(value, list):
-        return [n for part in value for n in hostlist.expand_hostlist(part)]
-    return hostlist.expand_hostlist(value)
+    parts = value if isinstance(value, list) else [value]
+    return [str(n) for part in parts for n in hostlist.expand_hostlist(part)]
 
 
 def node_from_json(raw: dict[str, Any]) -> SlurmNode:
