@@ -19,25 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TextIO
+from typing import TextIO, get_args
 
 from backends.replacement import SPARE_STANDBY_REASON
 from backends.slurm.api import NodeUpdate, SlurmCommandError, SlurmNotFound, SlurmOperation
 from contracts.models import Invocation, SlurmJob, SlurmNode
 
-OPERATIONS = (
-    "get_node",
-    "list_nodes",
-    "list_jobs",
-    "get_job",
-    "update_node",
-    "set_node_comment",
-    "signal_job",
-    "requeue_hold",
-    "set_excluded_nodes",
-    "set_required_nodes",
-    "release_job",
-)
+OPERATIONS: tuple[SlurmOperation, ...] = get_args(SlurmOperation)
 _HOLDS = ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")
 
 
