@@ -29,7 +29,6 @@ with workflow.unsafe.imports_passed_through():
     from activities.xid_policy import ClassifyActivities
     from contracts import search_attributes as sa
     from contracts.budget import FenceScope, LeaseState, Notification, NotificationKind, PartitionShare
-    from contracts.kubernetes import SlurmdPod
     from contracts.models import (
         ActionContext,
         ActionRecord,
@@ -67,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.incident.jobs import JobRecoveryFailed, JobWork
     from workflows.incident.kubernetes import KubernetesNode
     from workflows.incident.outcome import cause_of, notification_for, recovery_outcome
+    from workflows.incident.platform import NodePlatform
     from workflows.incident.slurm_calls import fence_call, read_partitions
     from workflows.incident.steps import IncidentAborted, SearchIndex, Steps
     from workflows.incident.timeline import Timeline, last_action_at
@@ -387,8 +387,9 @@ class NodeRecoveryWorkflow:
         policy, node = req.policy, req.node
         if cls.fault_class == FaultClass.UNKNOWN:
             return await self._fence_and_escalate(req, ctx, first, action, "escalated: unknown XID")
+        platform: NodePlatform = self._kubernetes if policy.kubernetes else self._hot_spares
         fence = await self._drain(req, ctx)
-        pod, fenced_at = (await self._kubernetes.fence(node, ctx)) if policy.kubernetes else (None, None)
+        await platform.fence(node, ctx)
         jobs, denied = await self._find_jobs_and_lease(node, policy)
         if denied is not None:
             return self._finish(
@@ -423,9 +424,8 @@ class NodeRecoveryWorkflow:
             done_at=lambda results: last_action_at([a for r in results for a in r.actions]),
         )
         await self._mark_down(node, fence, ctx)
-        if pod is not None:
-            await self._kubernetes.evict(pod, ctx)
-        no_replacement, spare = await self._replace(node, jobs, pod, fenced_at, ctx, policy)
+        await platform.release(ctx)
+        no_replacement, spare = await self._replace(node, jobs, platform, ctx, policy)
         if policy.dry_run:
             self._steps.skip("verify", "dry-run: no job was requeued")
             intended = sum(not a.executed for a in self._actions)
@@ -443,7 +443,7 @@ class NodeRecoveryWorkflow:
         if not fence.owned_by_other:
             await self._steps.run(
                 "return_to_service",
-                self._start_return_to_service(node, ctx, policy, pod.node if pod is not None else None),
+                self._start_return_to_service(node, ctx, policy, platform.unfence_node),
             )
         kind, outcome = recovery_outcome(no_replacement, spare, verifications)
         return self._finish(first, action, kind, outcome, verifications, spare)
@@ -619,8 +619,7 @@ class NodeRecoveryWorkflow:
         self,
         node: str,
         jobs: list[JobSnapshot],
-        pod: SlurmdPod | None,
-        fenced_at: datetime | None,
+        platform: NodePlatform,
         ctx: ActionContext,
         policy: RecoveryPolicy,
     ) -> tuple[str | None, SpareResult | None]:
@@ -629,7 +628,7 @@ class NodeRecoveryWorkflow:
         if (
             self._idle_node_keeps_spare
             and not jobs
-            and pod is None
+            and platform.spares_on_standby
             and policy.spare_nodes
             and not policy.spare_for_idle_node
         ):
@@ -644,10 +643,7 @@ class NodeRecoveryWorkflow:
             no_replacement = f"denied by {denied.actor}: {denied.reason}"
             self._steps.skip("request_replacement", no_replacement)
             return no_replacement, None
-        if pod is not None:
-            assert fenced_at is not None
-            return await self._kubernetes.replace(pod, fenced_at, ctx, policy)
-        return await self._hot_spares.replace(node, ctx, policy)
+        return await platform.replace(node, ctx, policy)
 
     async def _count_application_xids(self, first: NodeFailureAlert, policy: RecoveryPolicy) -> int:
         """This incident plus the earlier ones for application XIDs on the same GPU in the window."""

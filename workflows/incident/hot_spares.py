@@ -38,10 +38,22 @@ CLAIM_BUSY_PASSES = 10
 
 
 class HotSpares:
+    """Bare Slurm as the incident's NodePlatform (workflows/incident/platform.py): Slurm's drain
+    and down are the whole fence, and the replacement is a hot spare."""
+
+    spares_on_standby = True
+    unfence_node = None
+
     def __init__(self, steps: Steps, actions: list[ActionRecord], lease: BudgetLease) -> None:
         self._steps = steps
         self._actions = actions
         self._lease = lease
+
+    async def fence(self, node: str, ctx: ActionContext) -> None:
+        """Nothing beyond Slurm's drain."""
+
+    async def release(self, ctx: ActionContext) -> None:
+        """Nothing beyond Slurm's down."""
 
     async def replace(
         self, node: str, ctx: ActionContext, policy: RecoveryPolicy

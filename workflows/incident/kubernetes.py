@@ -26,11 +26,35 @@ with workflow.unsafe.imports_passed_through():
 
 
 class KubernetesNode:
+    """Slurm on Kubernetes as the incident's NodePlatform (workflows/incident/platform.py). Its
+    fence finds the slurmd pod and when the fence began; the eviction and the replacement use them."""
+
+    spares_on_standby = False
+
     def __init__(self, steps: Steps, actions: list[ActionRecord]) -> None:
         self._steps = steps
         self._actions = actions
+        self._pod: SlurmdPod | None = None
+        self._fenced_at: datetime | None = None
 
-    async def fence(self, node: str, ctx: ActionContext) -> tuple[SlurmdPod, datetime]:
+    @property
+    def unfence_node(self) -> str | None:
+        return self._pod.node if self._pod is not None else None
+
+    async def fence(self, node: str, ctx: ActionContext) -> None:
+        self._pod, self._fenced_at = await self._fence(node, ctx)
+
+    async def release(self, ctx: ActionContext) -> None:
+        assert self._pod is not None, "fence first"
+        await self._evict(self._pod, ctx)
+
+    async def replace(
+        self, node: str, ctx: ActionContext, policy: RecoveryPolicy
+    ) -> tuple[str | None, SpareResult | None]:
+        assert self._pod is not None and self._fenced_at is not None, "fence first"
+        return await self._replace(self._pod, self._fenced_at, ctx, policy)
+
+    async def _fence(self, node: str, ctx: ActionContext) -> tuple[SlurmdPod, datetime]:
         """Find the slurmd pod that is this Slurm node, then cordon, taint and mark the Node under
         it. Returns the pod and when the fence began (replacements are newer)."""
         pod = await self._steps.run(
@@ -60,7 +84,7 @@ class KubernetesNode:
         self._steps.note("; ".join(a.detail for a in fence.actions) or "already fenced by this incident")
         return pod, fence.prior.fenced_at if fence.prior else workflow.now()
 
-    async def evict(self, pod: SlurmdPod, ctx: ActionContext) -> None:
+    async def _evict(self, pod: SlurmdPod, ctx: ActionContext) -> None:
         """Only now that Slurm shows the node drained and its jobs requeued (the activity reads
         Slurm again before evicting and refuses otherwise; unreadable Slurm fails closed)."""
         evicted = await self._steps.run(
@@ -75,7 +99,7 @@ class KubernetesNode:
         self._actions.extend(evicted.actions)
         self._steps.note(evicted.detail)
 
-    async def replace(
+    async def _replace(
         self, pod: SlurmdPod, since: datetime, ctx: ActionContext, policy: RecoveryPolicy
     ) -> tuple[str | None, SpareResult | None]:
         """Ask the provider for capacity, then wait for a new slurmd pod on a healthy Node,
