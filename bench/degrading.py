@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from bench.resume import Recovery, drill_recovery
 from bench.stack import BenchStack, say
 from bench.table import Row, goal, median, row
-from starter.drill import DrillOptions
+from drills.drill import DrillOptions
 
 XID = 94
 

@@ -14,7 +14,7 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHandle
 
 from bench.table import median, percentile
-from starter.faults import local_activity_marker
+from drills.faults import local_activity_marker
 
 
 async def activity_timeline(

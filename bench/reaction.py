@@ -33,9 +33,9 @@ from bench.profile import activity_timeline, median_timeline, render_timeline
 from bench.stack import BenchStack, say
 from bench.table import Row, goal, median, percentile, row
 from contracts.models import NodeFailureAlert
+from drills.localstack import StackError, wait_async
 from starter.alerts import raise_alert
 from starter.decisions import decide
-from starter.localstack import StackError, wait_async
 from workflows.node_recovery import NodeRecoveryWorkflow
 
 PROBE_JOB_NAME = "bench-probe"

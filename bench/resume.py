@@ -1,7 +1,7 @@
 """Time to resume and lost progress after XID 79 on a 2-node job with a hot spare, against Slurm's
 own node-failure handling, same job, same checkpoint interval, in the same run.
 
-  ours      the drill (starter/drill.py), as `recovery drill` runs it: the reference job on two
+  ours      the drill (drills/drill.py), as `recovery drill` runs it: the reference job on two
             nodes, a lost GPU (the job stalls, as a collective on a dead GPU would), the alert, the
             incident, the report's time to resume and lost progress.
   baseline  Slurm alone: the same job (submitted with --requeue), the hot spare put in service
@@ -26,8 +26,8 @@ from backends.checkpoints import CheckpointStore
 from bench.stack import BenchStack, say
 from bench.table import Row, goal, median, row
 from contracts.models import JobReport, JobSnapshot, JobVerification, RecoveryPolicy, utc_now
-from starter.drill import DrillOptions
-from starter.localstack import StackError, wait_async
+from drills.drill import DrillOptions
+from drills.localstack import StackError, wait_async
 from trainer import checkpoint as ckpt
 from workflows.report import job_report
 

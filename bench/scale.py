@@ -53,8 +53,8 @@ from bench.table import Row, goal, median, percentile, row
 from contracts.models import NodeFailureAlert, RecoveryPolicy
 from contracts.search_attributes import outcome_label
 from contracts.settings import Settings
+from drills.localstack import REPO, StackError, wait_async
 from starter.alerts import raise_alerts
-from starter.localstack import REPO, StackError, wait_async
 from worker import build_slurm, connect
 from workflows.fleet_budget import fleet_budget_workflow_id
 from workflows.node_recovery import NodeRecoveryWorkflow, incident_workflow_id

@@ -26,8 +26,8 @@ from activities.xid_policy import XidPolicyTable
 from backends.slurm import SlurmCli
 from contracts.models import RecoveryPolicy
 from contracts.settings import Settings
-from starter.drill import Drill
-from starter.localstack import LocalStack, StackError, _terminate
+from drills.drill import Drill
+from drills.localstack import LocalStack, StackError, _terminate
 from worker import connect
 
 # Slurm's own default (slurm.conf(5)); the local stack sets 10 s so that its tests are quick.

@@ -5,7 +5,7 @@ in the same run: Temporal alone.
   baseline  the Temporal calls that storm made (the hook's /metrics count them: signal-with-start
             to open each incident, signals to join it; the hook's few other calls, such as listing
             the running incidents at start, are left out), made straight from one client with the
-            same concurrency, through the hook's own Temporal side (starter/hooks/temporal.py), on
+            same concurrency, through the hook's own Temporal side (hooks/temporal.py), on
             a fresh dev server kept as the storm's: the rate at which Temporal alone takes what the
             storm needs.
             Its alerts/s = the storm's alerts / that time.
@@ -25,7 +25,7 @@ from bench.storm import TEMPORAL_DBS, RunResult, StormSpec, run_once, summary
 from bench.table import Row, goal, median, percentile, row
 from contracts.models import NodeFailureAlert, RecoveryPolicy
 from contracts.settings import Settings
-from starter.hooks.temporal import CLIENT_OPTIONS, TemporalIncidents
+from hooks.temporal import CLIENT_OPTIONS, TemporalIncidents
 from worker import connect
 
 QUICK_NODES = 50

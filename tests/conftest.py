@@ -15,7 +15,7 @@ import pytest_asyncio
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from starter.localstack import DEBIAN_RELEASE_OF_GENERATION, LocalStack
+from drills.localstack import DEBIAN_RELEASE_OF_GENERATION, LocalStack
 from tests.kubeapi.fixtures import (  # noqa: F401
     kube_api,
     kube_client,

@@ -16,7 +16,7 @@ import pytest_asyncio
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from starter.localstack import LocalStack
+from drills.localstack import LocalStack
 from tests.faults.crash_support import Case
 from tests.integration.conftest import stack_settings
 from worker import register_search_attributes

@@ -11,9 +11,9 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from activities.xid_policy import XidPolicyTable
 from contracts.settings import Settings
-from starter.drill import Drill, DrillOptions, DrillResult, DrillRun, SimulatedKubernetes
-from starter.faults import kill_worker
-from starter.localstack import LocalStack
+from drills.drill import Drill, DrillOptions, DrillResult, DrillRun, SimulatedKubernetes
+from drills.faults import kill_worker
+from drills.localstack import LocalStack
 
 
 @dataclasses.dataclass

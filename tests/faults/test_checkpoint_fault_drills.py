@@ -1,5 +1,5 @@
 """Checkpoint faults end to end: the drill breaks the reference job's checkpoints at the moment of
-the failure (starter/drill.py corrupt_latest_checkpoint), and the incident must bring the job back
+the failure (drills/drill.py corrupt_latest_checkpoint), and the incident must bring the job back
 from the newest checkpoint still complete, never from an incomplete one, and its report must say
 which checkpoints were skipped and why. (A truncated newest checkpoint: tests/integration/
 test_drill.py.) The library's side of each case: tests/unit/test_checkpoint_faults.py."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from starter.drill import DrillOptions
+from drills.drill import DrillOptions
 from tests.integration.conftest import drill, recovery_worker, settings, task_queue  # noqa: F401 (fixtures)
 from trainer import checkpoint as ckpt
 

@@ -26,8 +26,8 @@ from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
-from starter.drill import SimulatedKubernetes
-from starter.faults import (
+from drills.drill import SimulatedKubernetes
+from drills.faults import (
     JOB_RECOVERY_ACTIVITIES,
     activity_starts,
     job_recovery_started,
@@ -37,7 +37,7 @@ from starter.faults import (
     wait_for_history_point,
     worker_identities,
 )
-from starter.localstack import DEBIAN_RELEASE_OF_GENERATION, host_slurm_generation, wait_async
+from drills.localstack import DEBIAN_RELEASE_OF_GENERATION, host_slurm_generation, wait_async
 from tests.faults.crash_support import Case, check_recovered_once
 from tests.integration.conftest import stack_settings
 from tests.integration.test_incident_safety import WebhookReceiver

@@ -44,9 +44,9 @@ from contracts.kubernetes import (
     SlurmdPod,
     SlurmdPodRequest,
 )
+from drills.drill import Drill, DrillOptions, SimulatedKubernetes
 from kubesim.front import ApiFront
 from kubesim.simulators import Kubelet
-from starter.drill import Drill, DrillOptions, SimulatedKubernetes
 from tests.faults.proxy import FaultProxy
 from tests.faults.test_slurm_faults import rest_path
 from tests.integration.conftest import settings, task_queue  # noqa: F401 (fixtures)

@@ -32,7 +32,7 @@ from backends.slurm import SlurmClient
 from backends.slurm.rest import ENDPOINTS
 from contracts.models import IncidentReport, SlurmJob, SlurmNode
 from contracts.settings import Settings
-from starter.drill import Drill, DrillOptions, DrillRun
+from drills.drill import Drill, DrillOptions, DrillRun
 from tests.faults.proxy import FaultProxy
 from tests.integration.conftest import settings, task_queue  # noqa: F401 (fixtures)
 from worker import activities_for, build_slurm, build_worker

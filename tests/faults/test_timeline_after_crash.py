@@ -15,8 +15,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from contracts.models import IncidentReport, Phase
-from starter.faults import job_recovery_started, kill_worker, wait_for_history_point
-from starter.localstack import DEBIAN_RELEASE_OF_GENERATION, wait_async
+from drills.faults import job_recovery_started, kill_worker, wait_for_history_point
+from drills.localstack import DEBIAN_RELEASE_OF_GENERATION, wait_async
 from tests.faults.crash_support import Case, check_recovered_once
 from trainer import checkpoint as ckpt
 

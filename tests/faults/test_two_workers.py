@@ -12,8 +12,8 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
-from starter.faults import activity_starts, job_recovery_started, kill_worker, wait_for_history_point, worker_identities
-from starter.localstack import wait_async
+from drills.faults import activity_starts, job_recovery_started, kill_worker, wait_for_history_point, worker_identities
+from drills.localstack import wait_async
 from tests.faults.crash_support import Case, check_recovered_once
 from tests.integration.conftest import stack_settings
 

@@ -16,7 +16,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.xid_policy import XidPolicyTable
 from contracts.models import IncidentStatus
 from contracts.settings import Settings
-from starter.drill import Drill
+from drills.drill import Drill
 from tests.replay.replaying import REPLAYABLE_PREFIX, assert_every_run_replays
 from worker import activities_for, build_slurm, build_worker, serving
 from workflows.fleet_budget import FleetBudgetWorkflow, fleet_budget_workflow_id

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from starter.drill import DrillOptions
+from drills.drill import DrillOptions
 from tests.integration.test_fleet_budget import local_activities, workflow_tasks
 from trainer import checkpoint as ckpt
 

@@ -13,9 +13,9 @@ import pytest
 
 from backends.checkpoints import CheckpointStore
 from contracts.models import IncidentReport, NodeFailureAlert
+from drills.drill import DrillOptions
+from drills.localstack import wait_async
 from starter.alerts import raise_alert
-from starter.drill import DrillOptions
-from starter.localstack import wait_async
 from tests.integration.conftest import Fleet, fleet, status_if_answered
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]

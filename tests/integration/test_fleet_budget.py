@@ -90,9 +90,9 @@ from contracts.budget import (
     TimelineKind,
     WebhookTarget,
 )
+from drills.faults import local_activity_marker
+from drills.localstack import LocalStack, wait_async
 from observability.metrics import RecoveryMetrics
-from starter.faults import local_activity_marker
-from starter.localstack import LocalStack, wait_async
 from tests.integration.test_telemetry import points
 from workflows.budget_lease import LEASE_STATE_SIGNAL, BudgetLease, check_quarantine
 from workflows.budget_ledger import FINISHED_KEPT, BudgetLedger

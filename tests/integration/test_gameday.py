@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from starter.gameday import SCENARIOS, STORM_FAILURES
+from drills.gameday import SCENARIOS, STORM_FAILURES
 
 pytestmark = pytest.mark.slurm
 

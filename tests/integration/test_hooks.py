@@ -29,11 +29,11 @@ from temporalio.service import RPCError, RPCStatusCode
 from bench.storm import StormSpec, run_once
 from contracts.models import NodeFailureAlert, RecoveryPolicy
 from contracts.settings import Settings
+from drills.localstack import wait_async
+from hooks.server import build_app, listening
+from hooks.settings import HookSettings
+from hooks.testing import alertmanager_payload, dcgm_alert, gpu_health_event, kernel_log_post, xid_line
 from starter.alerts import raise_alerts
-from starter.hooks.server import build_app, listening
-from starter.hooks.settings import HookSettings
-from starter.hooks.testing import alertmanager_payload, dcgm_alert, gpu_health_event, kernel_log_post, xid_line
-from starter.localstack import wait_async
 from workflows.node_recovery import incident_workflow_id
 
 TOKEN = "integration-token-5be0c1"

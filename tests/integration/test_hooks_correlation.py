@@ -17,11 +17,11 @@ import pytest
 from temporalio.client import Client
 
 from backends.slurm.cli import SlurmCli
-from starter.drill import DrillOptions
-from starter.hooks.inventory import SlurmInventory
-from starter.hooks.server import build_app, listening, node_inventory
-from starter.hooks.settings import HookSettings
-from starter.hooks.testing import gpu_health_event, kernel_log_post, xid_line
+from drills.drill import DrillOptions
+from hooks.inventory import SlurmInventory
+from hooks.server import build_app, listening, node_inventory
+from hooks.settings import HookSettings
+from hooks.testing import gpu_health_event, kernel_log_post, xid_line
 from workflows.node_recovery import NodeRecoveryWorkflow, incident_workflow_id
 
 pytestmark = pytest.mark.slurm

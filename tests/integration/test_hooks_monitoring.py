@@ -26,10 +26,10 @@ from temporalio.api.enums.v1 import EventType
 
 from contracts.models import NodeFailureAlert
 from contracts.settings import Settings
-from starter.hooks.server import build_app, listening
-from starter.hooks.settings import HookSettings
-from starter.hooks.testing import gpu_uuid
-from starter.localstack import wait_async
+from drills.localstack import wait_async
+from hooks.server import build_app, listening
+from hooks.settings import HookSettings
+from hooks.testing import gpu_uuid
 from workflows.node_recovery import incident_workflow_id
 
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"

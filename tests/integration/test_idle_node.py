@@ -11,8 +11,8 @@ import pytest
 from backends.replacement import SPARE_STANDBY_REASON
 from backends.slurm.client import SlurmClient
 from contracts.models import IncidentReport, NodeFailureAlert
+from drills.localstack import wait_async
 from starter.alerts import raise_alert
-from starter.localstack import wait_async
 from tests.integration.conftest import Fleet, fleet
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]

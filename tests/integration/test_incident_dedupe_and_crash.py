@@ -12,9 +12,9 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 
 from contracts.models import NodeFailureAlert
+from drills.drill import DrillOptions
+from drills.localstack import wait_async
 from starter.alerts import raise_alert
-from starter.drill import DrillOptions
-from starter.localstack import wait_async
 from workflows.node_recovery import NodeRecoveryWorkflow
 
 pytestmark = pytest.mark.slurm

@@ -21,10 +21,10 @@ from backends.replacement import SPARE_STANDBY_REASON
 from contracts.audit import configure_sink, remove_sink
 from contracts.budget import BudgetState, FleetBudgetInput, IncidentMark, LeaseState, Quarantine, TimelineKind
 from contracts.models import NodeFailureAlert
+from drills.drill import DrillOptions
+from drills.localstack import REPO, wait_async
 from starter.alerts import raise_alert
 from starter.decisions import decide
-from starter.drill import DrillOptions
-from starter.localstack import REPO, wait_async
 from tests.integration.conftest import fleet
 from tests.integration.test_fleet_budget import local_activities
 from workflows.fleet_budget import FleetBudgetWorkflow
@@ -251,7 +251,7 @@ async def test_a_lemon_is_quarantined_and_returns_to_service_only_after_an_opera
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "starter.cli",
+                "cli.app",
                 *args,
                 env=env,
                 cwd=REPO,

@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
+from drills.drill import DrillOptions
+from drills.localstack import wait_async
 from starter.decisions import decide
-from starter.drill import DrillOptions
-from starter.localstack import wait_async
 from tests.integration.conftest import fleet, status_if_answered
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]

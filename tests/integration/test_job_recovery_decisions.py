@@ -32,7 +32,7 @@ from contracts.models import (
     SlurmJob,
     VerifyRequest,
 )
-from starter.localstack import wait_async
+from drills.localstack import wait_async
 from workflows.job_recovery import (
     JOB_RECOVERED,
     JOB_REQUEUE_FAILED,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from starter.drill import DrillOptions
+from drills.drill import DrillOptions
 
 pytestmark = pytest.mark.slurm
 

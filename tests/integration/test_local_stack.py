@@ -18,7 +18,7 @@ from typing import TypeVar
 import httpx
 import pytest
 
-from starter.localstack import LocalStack
+from drills.localstack import LocalStack
 from trainer import checkpoint as ckpt
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]

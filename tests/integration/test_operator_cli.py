@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from contracts.audit import configure_sink, remove_sink
-from starter.drill import DrillOptions
+from drills.drill import DrillOptions
 from starter.operator_key import new_key
 from workflows.node_recovery import NodeRecoveryWorkflow
 

@@ -16,9 +16,9 @@ from temporalio.testing import ActivityEnvironment
 from activities.jobs import JobActivities
 from backends.checkpoints import CheckpointStore
 from contracts.models import JobSnapshot, NodeFailureAlert, RequeueResult, SlurmJob, VerifyRequest
+from drills.drill import Drill, DrillOptions
+from drills.localstack import wait_async
 from starter.alerts import raise_alert
-from starter.drill import Drill, DrillOptions
-from starter.localstack import wait_async
 from tests.integration.conftest import Fleet, fleet
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]

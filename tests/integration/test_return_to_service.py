@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from starter.drill import DrillOptions
+from drills.drill import DrillOptions
 from workflows.return_to_service import ReturnToServiceWorkflow
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]

@@ -165,7 +165,7 @@ async def test_a_resumed_node_is_in_service_whatever_reason_slurm_keeps(backends
     """24.11 keeps the drain reason after RESUME (22.05 clears it): state, not reason, decides."""
     from backends.replacement import SPARE_STANDBY_REASON, HotSparePool
     from contracts.models import ActionContext
-    from starter.localstack import wait_async
+    from drills.localstack import wait_async
 
     cli, _, client = backends
     await client.update_node(COMPUTE_NODE, "DRAIN", f"recovery: {SPARE_STANDBY_REASON}")
@@ -188,7 +188,7 @@ async def test_a_node_downed_by_the_controller_stays_down_when_its_slurmd_return
     """ReturnToService=1 on both generations: Slurm returns a node that was DOWN only for not
     responding, never one an administrator (here the controller) set DOWN. A fence that a
     rebooting node undid by itself would let jobs land on a broken GPU."""
-    from starter.localstack import wait_async
+    from drills.localstack import wait_async
 
     _, _, client = backends
     reason = "recovery: XID 79 test fence"
@@ -213,7 +213,7 @@ async def test_a_node_reads_idle_as_soon_as_its_job_has_left(backends, local_sta
     answered with those of the last full listing, so a node whose job had just been requeued read
     MIXED (DOWN+DRAIN read MIXED+DRAIN) until someone listed every node, and the slurmd pod's
     eviction waited for minutes."""
-    from starter.localstack import wait_async
+    from drills.localstack import wait_async
 
     cli, _, client = backends
     env = local_stack.slurm_cli_env(slurm_cluster)

@@ -21,8 +21,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from activities.xid_policy import XidPolicyTable
 from backends.replacement import HotSparePool
 from contracts.models import ActionContext, NodeFailureAlert
+from drills.drill import Drill
 from starter.alerts import raise_alert
-from starter.drill import Drill
 from tests.faults.proxy import FaultProxy
 from tests.integration.conftest import stack_settings
 from worker import activities_for, build_slurm, build_worker

@@ -29,11 +29,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from contracts.models import NodeFailureAlert, RecoveryPolicy
+from drills.drill import DrillOptions
 from observability.metrics import RecoveryMetrics
 from observability.telemetry import tracing_provider
 from observability.tracing import IncidentTracingInterceptor
 from starter.alerts import raise_alert
-from starter.drill import DrillOptions
 from worker import activities_for, build_slurm, build_worker
 from workflows.job_recovery import job_recovery_workflow_id
 from workflows.node_recovery import incident_workflow_id

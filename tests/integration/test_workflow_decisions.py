@@ -58,9 +58,9 @@ from contracts.models import (
     SpareWaitRequest,
     VerifyRequest,
 )
+from drills.localstack import LocalStack
 from starter.alerts import raise_alert
 from starter.decisions import decide
-from starter.localstack import LocalStack
 from workflows.job_recovery import JobRecoveryWorkflow
 from workflows.node_recovery import NodeRecoveryWorkflow
 from workflows.operator_check import REFUSALS_HEARD
@@ -578,8 +578,8 @@ async def test_application_xids_from_alertmanager_are_counted_per_gpu_on_the_rea
     application XID on a GPU counts the first, another GPU's does not (it used to count per node)."""
     from activities.xid_policy import ClassifyActivities, XidPolicyTable
     from contracts.settings import DEFAULT_XID_POLICY
-    from starter.hooks.sources import alertmanager
-    from starter.hooks.testing import alertmanager_payload, dcgm_alert
+    from hooks.sources import alertmanager
+    from hooks.testing import alertmanager_payload, dcgm_alert
 
     real = ClassifyActivities(XidPolicyTable(DEFAULT_XID_POLICY), temporal_env.client)
     node = f"gpu-{uuid.uuid4().hex[:8]}"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from starter.cli import app
+from cli.app import app
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,7 +88,7 @@ def test_every_command_is_listed():
 
 @pytest.mark.parametrize("command", sorted(COMMAND_ARGS))
 def test_every_command_refuses_an_invalid_approval_gate(command, tmp_path):
-    done = _run(["-m", "starter.cli", command, *COMMAND_ARGS[command]], BAD_ENVIRONMENTS["not JSON"], tmp_path)
+    done = _run(["-m", "cli.app", command, *COMMAND_ARGS[command]], BAD_ENVIRONMENTS["not JSON"], tmp_path)
     _refused_in_one_line(done, "RECOVERY_APPROVAL_REQUIRED")
 
 
@@ -96,7 +96,7 @@ def test_every_command_refuses_an_invalid_approval_gate(command, tmp_path):
 def test_the_worker_and_recovery_config_refuse_a_bad_environment(case, tmp_path):
     environment = BAD_ENVIRONMENTS[case]
     variable = next(name for name, value in environment.items() if not value.startswith("https://"))
-    for argv in ([str(ROOT / "worker.py")], ["-m", "starter.cli", "config"]):
+    for argv in ([str(ROOT / "worker.py")], ["-m", "cli.app", "config"]):
         _refused_in_one_line(_run(argv, environment, tmp_path), variable)
 
 

@@ -16,12 +16,12 @@ from datetime import datetime, timezone
 import httpx
 import pytest
 
+from drills.drill import DrillOptions
+from drills.localstack import wait_async
+from hooks.server import build_app, listening
+from hooks.settings import HookSettings
+from hooks.testing import kernel_log_post, xid_line
 from starter.decisions import decide
-from starter.drill import DrillOptions
-from starter.hooks.server import build_app, listening
-from starter.hooks.settings import HookSettings
-from starter.hooks.testing import kernel_log_post, xid_line
-from starter.localstack import wait_async
 from tests.integration.conftest import drill, recovery_worker, settings, task_queue  # noqa: F401
 from workflows.node_recovery import NodeRecoveryWorkflow
 

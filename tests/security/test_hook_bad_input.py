@@ -14,9 +14,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from hypothesis import given, strategies as st
 
-from starter.hooks.app import HookAnswer, ProblemAnswer, openapi_document
-from starter.hooks.settings import HookSettings
-from starter.hooks.testing import alertmanager_payload, dcgm_alert, gpu_health_event, kernel_log_post, xid_line
+from hooks.app import HookAnswer, ProblemAnswer, openapi_document
+from hooks.settings import HookSettings
+from hooks.testing import alertmanager_payload, dcgm_alert, gpu_health_event, kernel_log_post, xid_line
 from tests.unit.test_hook_properties import Answer, assert_refused, examples, hook  # noqa: F401
 
 

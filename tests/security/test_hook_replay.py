@@ -13,12 +13,12 @@ from datetime import datetime, timedelta, timezone
 import httpx
 import pytest
 
-from starter.hooks.app import HookApp, ProblemAnswer
-from starter.hooks.auth import NONCE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, Authenticator, sign, signed_headers
-from starter.hooks.intake import Intake
-from starter.hooks.problems import Refused
-from starter.hooks.settings import HookSettings
-from starter.hooks.testing import RecordingIncidents, gpu_health_event
+from hooks.app import HookApp, ProblemAnswer
+from hooks.auth import NONCE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, Authenticator, sign, signed_headers
+from hooks.intake import Intake
+from hooks.problems import Refused
+from hooks.settings import HookSettings
+from hooks.testing import RecordingIncidents, gpu_health_event
 
 KEY = "replay-test-key-7b0e"
 

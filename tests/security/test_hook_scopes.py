@@ -16,11 +16,11 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from starter.hooks.app import HookApp, ProblemAnswer
-from starter.hooks.credentials import agent_token
-from starter.hooks.intake import Intake
-from starter.hooks.settings import HookSettings
-from starter.hooks.testing import (
+from hooks.app import HookApp, ProblemAnswer
+from hooks.credentials import agent_token
+from hooks.intake import Intake
+from hooks.settings import HookSettings
+from hooks.testing import (
     RecordingIncidents,
     alertmanager_payload,
     dcgm_alert,
@@ -113,7 +113,7 @@ async def test_the_single_token_and_an_all_nodes_credential_report_on_any_node(c
 async def test_a_node_agent_token_from_the_command_reports_on_its_own_node_only(credentials_file):
     env = os.environ | {"RECOVERY_HOOKS_CREDENTIALS_FILE": str(credentials_file)}
     printed = subprocess.run(
-        [sys.executable, "-m", "starter.hooks.credentials", "gpu-3"],
+        [sys.executable, "-m", "hooks.credentials", "gpu-3"],
         env=env,
         capture_output=True,
         text=True,
@@ -131,7 +131,7 @@ async def test_a_node_agent_token_from_the_command_reports_on_its_own_node_only(
     assert {node for _, node, _ in incidents.calls} == {"gpu-3"}
 
     outside = subprocess.run(
-        [sys.executable, "-m", "starter.hooks.credentials", "gpu-9"],
+        [sys.executable, "-m", "hooks.credentials", "gpu-9"],
         env=env,
         capture_output=True,
         text=True,

@@ -11,11 +11,11 @@ import sys
 import pytest
 from pydantic import SecretStr
 
-from starter.hooks.auth import Authenticator
-from starter.hooks.problems import Refused
-from starter.hooks.settings import HookSettings
+from hooks.auth import Authenticator
+from hooks.problems import Refused
+from hooks.settings import HookSettings
 
-HOOK = [sys.executable, "-m", "starter.cli", "hooks"]  # `recovery hooks`, from this checkout
+HOOK = [sys.executable, "-m", "cli.app", "hooks"]  # `recovery hooks`, from this checkout
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ import pytest
 from pydantic import ValidationError
 
 from bench.services import free_port, process
-from starter.hooks.settings import HookSettings
+from hooks.settings import HookSettings
 
 TOKEN = "server-test-token-c4e1"
 MiB = 1 << 20
@@ -43,7 +43,7 @@ def hook(temporal_env, log: Path, **settings: str) -> Iterator[tuple[int, int]]:
         }
         | {f"RECOVERY_HOOKS_{k.upper()}": v for k, v in settings.items()}
     )
-    with process([sys.executable, "-m", "starter.cli", "hooks"], env, log) as proc:
+    with process([sys.executable, "-m", "cli.app", "hooks"], env, log) as proc:
         deadline = time.monotonic() + 60
         while not healthy(port, settings.get("tls_cert_file")):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()

@@ -25,10 +25,10 @@ import httpx
 import pytest
 
 from contracts.budget import Notification, NotificationKind
-from starter.hooks.server import build_app, listening
-from starter.hooks.settings import HookSettings
-from starter.hooks.testing import alertmanager_payload, dcgm_alert
-from starter.localstack import wait_async
+from drills.localstack import wait_async
+from hooks.server import build_app, listening
+from hooks.settings import HookSettings
+from hooks.testing import alertmanager_payload, dcgm_alert
 from tests.integration.conftest import cluster_of_its_own, stack_settings, status_if_answered
 from tests.integration.test_fleet_budget import webhook_server
 from worker import activities_for, build_slurm, serving

@@ -25,7 +25,7 @@ import pytest
 
 from backends.slurm import SlurmRest, SlurmUnavailable, TokenFile
 from contracts.settings import ConfigError, load_settings
-from starter.localstack import DEBIAN_RELEASE_OF_GENERATION, SLURM_SCRIPT, LocalStack
+from drills.localstack import DEBIAN_RELEASE_OF_GENERATION, SLURM_SCRIPT, LocalStack
 
 NEWEST_GENERATION = max(DEBIAN_RELEASE_OF_GENERATION, key=lambda g: [int(x) for x in g.split(".")])
 

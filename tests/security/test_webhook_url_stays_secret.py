@@ -137,7 +137,7 @@ def test_recovery_config_shows_where_the_webhook_is_and_its_fingerprint(tmp_path
     }  # the table's value column unwrapped
     for argv in (["config"], ["config", "--json"]):
         done = subprocess.run(
-            [sys.executable, "-m", "starter.cli", *argv],
+            [sys.executable, "-m", "cli.app", *argv],
             cwd=tmp_path,
             env=env,
             capture_output=True,

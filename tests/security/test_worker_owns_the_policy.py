@@ -11,9 +11,9 @@ import json
 import pytest
 
 from contracts.models import RecoveryPolicy
+from drills.drill import DrillOptions
+from drills.localstack import wait_async
 from starter.decisions import decide
-from starter.drill import DrillOptions
-from starter.localstack import wait_async
 from tests.integration.conftest import fleet, status_if_answered
 
 pytestmark = pytest.mark.slurm

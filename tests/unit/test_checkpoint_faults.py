@@ -1,4 +1,4 @@
-"""Checkpoint faults at the moment of a failure, as the drill makes them (starter/drill.py
+"""Checkpoint faults at the moment of a failure, as the drill makes them (drills/drill.py
 corrupt_latest_checkpoint): the newest checkpoint without its manifest, truncated, with a wrong
 checksum, its manifest naming a missing file, a newer one being written, or every one broken.
 The library, the controller's view of it (backends/checkpoints.py) and the reference job
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from backends.checkpoints import CheckpointStore
-from starter.drill import corrupt_latest_checkpoint
-from starter.localstack import StackError
+from drills.drill import corrupt_latest_checkpoint
+from drills.localstack import StackError
 from tests.unit.test_trainer_job import Jobs, jobs, wait_for  # noqa: F401 (the jobs fixture)
 from trainer.checkpoint import BEING_WRITTEN, find_latest_complete, read_resume_records, save_checkpoint
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from starter.cli import BadInput, incident_query, parse_incident_ref
+from cli.app import BadInput, incident_query, parse_incident_ref
 
 RECOVERY = str(Path(sys.executable).parent / "recovery")
 NO_SERVER = {"TEMPORAL_ADDRESS": "127.0.0.1:9"}

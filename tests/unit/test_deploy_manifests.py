@@ -22,10 +22,10 @@ from kubernetes.client import ApiClient
 from pydantic import SecretStr
 
 from backends.kubernetes.calls import rbac_rules
+from cli.app import app as cli_app
 from contracts.k8s_settings import KubernetesSettings
 from contracts.settings import Settings, variable_names
-from starter.cli import app as cli_app
-from starter.hooks.settings import HookSettings
+from hooks.settings import HookSettings
 
 BASE = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 

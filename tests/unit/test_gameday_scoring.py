@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from contracts.models import FaultClass, IncidentReport, JobReport, Phase
-from starter.gameday import (
+from drills.gameday import (
     SCENARIOS,
     SideEffects,
     Targets,

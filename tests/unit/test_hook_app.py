@@ -10,11 +10,11 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from starter.hooks.app import HookAnswer, HookApp, ProblemAnswer
-from starter.hooks.auth import SIGNATURE_HEADER, signed_headers
-from starter.hooks.intake import Intake
-from starter.hooks.settings import HookSettings
-from starter.hooks.testing import (
+from hooks.app import HookAnswer, HookApp, ProblemAnswer
+from hooks.auth import SIGNATURE_HEADER, signed_headers
+from hooks.intake import Intake
+from hooks.settings import HookSettings
+from hooks.testing import (
     RecordingIncidents,
     alertmanager_payload,
     dcgm_alert,

@@ -12,10 +12,10 @@ import pytest
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
 from contracts import search_attributes as sa
-from starter.hooks.correlation import RunningIncident, RunningIncidents, Snapshot, primary_for
-from starter.hooks.intake import Intake, IntakeLimits, Outcome
-from starter.hooks.sources import Incoming
-from starter.hooks.testing import FixedDirectory, RecordedRun, RecordingIncidents
+from hooks.correlation import RunningIncident, RunningIncidents, Snapshot, primary_for
+from hooks.intake import Intake, IntakeLimits, Outcome
+from hooks.sources import Incoming
+from hooks.testing import FixedDirectory, RecordedRun, RecordingIncidents
 
 NOW = datetime(2026, 11, 30, 0, 17, 36, tzinfo=timezone.utc)
 WINDOW = timedelta(seconds=120)

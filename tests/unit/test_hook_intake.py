@@ -9,9 +9,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from starter.hooks.intake import Intake, IntakeLimits, Outcome
-from starter.hooks.sources import Incoming
-from starter.hooks.testing import RecordingIncidents
+from hooks.intake import Intake, IntakeLimits, Outcome
+from hooks.sources import Incoming
+from hooks.testing import RecordingIncidents
 
 NOW = datetime(2026, 11, 30, 0, 17, 36, tzinfo=timezone.utc)
 

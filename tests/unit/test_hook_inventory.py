@@ -12,12 +12,12 @@ import pytest
 
 from backends.slurm.api import SlurmUnavailable
 from contracts.settings import Settings
-from starter.hooks.app import HookAnswer, HookApp, ProblemAnswer
-from starter.hooks.intake import Intake
-from starter.hooks.inventory import EveryNode, InventoryUnavailable, SlurmInventory
-from starter.hooks.server import node_inventory
-from starter.hooks.settings import HookSettings
-from starter.hooks.testing import RecordingIncidents, alertmanager_payload, dcgm_alert
+from hooks.app import HookAnswer, HookApp, ProblemAnswer
+from hooks.intake import Intake
+from hooks.inventory import EveryNode, InventoryUnavailable, SlurmInventory
+from hooks.server import node_inventory
+from hooks.settings import HookSettings
+from hooks.testing import RecordingIncidents, alertmanager_payload, dcgm_alert
 
 TOKEN = "tok-9c2e41d7a0b3f5"
 AUTH = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}

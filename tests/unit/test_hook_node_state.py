@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from starter.hooks.intake import Intake, IntakeLimits
-from starter.hooks.sources import Incoming
-from starter.hooks.testing import FixedDirectory, RecordingIncidents
+from hooks.intake import Intake, IntakeLimits
+from hooks.sources import Incoming
+from hooks.testing import FixedDirectory, RecordingIncidents
 
 
 async def test_held_alerts_leave_no_per_node_state_once_decided():

@@ -16,11 +16,11 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from starter.hooks.app import HookAnswer, HookApp, ProblemAnswer
-from starter.hooks.intake import Intake
-from starter.hooks.settings import HookSettings
-from starter.hooks.sources.kernel_log import parse_line
-from starter.hooks.testing import (
+from hooks.app import HookAnswer, HookApp, ProblemAnswer
+from hooks.intake import Intake
+from hooks.settings import HookSettings
+from hooks.sources.kernel_log import parse_line
+from hooks.testing import (
     RecordingIncidents,
     alertmanager_payload,
     dcgm_alert,

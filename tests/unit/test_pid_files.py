@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from starter.localstack import SLURM_SCRIPT, _alive, _terminate
+from drills.localstack import SLURM_SCRIPT, _alive, _terminate
 
 
 @pytest.fixture

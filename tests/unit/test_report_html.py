@@ -9,6 +9,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from cli.report_html import render_report_html, write_report_html
 from contracts.models import (
     ActionRecord,
     FaultClass,
@@ -18,7 +19,6 @@ from contracts.models import (
     Phase,
     SkippedCheckpoint,
 )
-from starter.report_html import render_report_html, write_report_html
 from tests.chromium import Chromium
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)

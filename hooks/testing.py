@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from contracts.models import AlertDigest, NodeFailureAlert
-from starter.hooks.correlation import RunningIncident, Snapshot
-from starter.hooks.intake import IncidentEnded
+from hooks.correlation import RunningIncident, Snapshot
+from hooks.intake import IncidentEnded
 
 
 @dataclass

@@ -36,7 +36,7 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
-from starter.localstack import LocalStack, StackError, _wait_for, running_pid, wait_async
+from drills.localstack import LocalStack, StackError, _wait_for, running_pid, wait_async
 from workflows.job_recovery import job_recovery_workflow_id
 
 HistoryPoint = Literal["scheduled", "started", "completed"]

@@ -10,8 +10,8 @@ from pydantic import Field, FilePath, SecretStr, field_validator, model_validato
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from contracts.models import Xid
-from starter.hooks.credentials import BearerTokens, Credential, CredentialsFile
-from starter.hooks.intake import IntakeLimits
+from hooks.credentials import BearerTokens, Credential, CredentialsFile
+from hooks.intake import IntakeLimits
 
 AuthMode = Literal["bearer", "hmac"]
 TOKEN_CREDENTIAL = Credential("token", None)  # RECOVERY_HOOKS_TOKEN: every node
@@ -40,7 +40,7 @@ class HookSettings(BaseSettings):
     credentials_file: Path | None = Field(
         None,
         description="named bearer credentials, each scoped to the nodes it may report on, and node agents' "
-        "derived tokens (starter/hooks/credentials.py)",
+        "derived tokens (hooks/credentials.py)",
     )
     signature_window_seconds: float = Field(
         300.0,

@@ -15,8 +15,8 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from contracts.models import GPU_UUID, MAX_GPU_INDEX, _check_node_name, canonical_pci_address
-from starter.hooks.problems import problem
-from starter.hooks.sources import (
+from hooks.problems import problem
+from hooks.sources import (
     ACTOR_MAX,
     MESSAGE_MAX,
     REASON_MAX,

@@ -20,9 +20,9 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 
-from starter.hooks.credentials import Credential
-from starter.hooks.problems import Refused, problem
-from starter.hooks.settings import HookSettings
+from hooks.credentials import Credential
+from hooks.problems import Refused, problem
+from hooks.settings import HookSettings
 
 SIGNATURE_HEADER = "x-recovery-signature"  # "sha256=<hex HMAC-SHA256 of timestamp.nonce.body>"
 TIMESTAMP_HEADER = "x-recovery-timestamp"  # Unix seconds, when the request was signed

@@ -12,8 +12,8 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from contracts.models import GpuIndex, GpuUuid, Xid
-from starter.hooks.sources import MESSAGE_MAX, Incoming, Timestamp, WireModel, WireNodeName, one_line
-from starter.hooks.sources.kernel_log import SourceName
+from hooks.sources import MESSAGE_MAX, Incoming, Timestamp, WireModel, WireNodeName, one_line
+from hooks.sources.kernel_log import SourceName
 
 
 class GpuHealthEvent(WireModel):

@@ -20,8 +20,8 @@ from typing import Annotated
 from pydantic import Field
 
 from contracts.models import canonical_pci_address
-from starter.hooks.problems import problem
-from starter.hooks.sources import (
+from hooks.problems import problem
+from hooks.sources import (
     MESSAGE_MAX,
     REASON_MAX,
     IgnoredLine,

@@ -1,6 +1,6 @@
 """One module per alert source: its wire schema (pydantic, strict) and how it becomes alerts.
 
-Every source yields Incoming records; the intake (starter/hooks/intake.py) decides where each goes.
+Every source yields Incoming records; the intake (hooks/intake.py) decides where each goes.
 Free text from a source (summaries, log messages) is clipped to the alert contract's limits rather
 than refused: it is description, not a decision input. Node names and XIDs are validated.
 """

@@ -42,11 +42,11 @@ from contracts.models import (
     SlurmNode,
 )
 from contracts.settings import Settings, load_settings
+from drills.localstack import LocalStack, StackError, wait_async
 from kubesim.server import KubeApiServer
 from kubesim.simulators import NODESET
 from kubesim.slinky import GPU_RESOURCE, SLURMD_SELECTOR, SlinkyCluster, can_take_slurmd, is_ready
 from starter.alerts import raise_alert
-from starter.localstack import LocalStack, StackError, wait_async
 from trainer import checkpoint as ckpt
 from worker import activities_for, build_slurm, serving
 from workflows.node_recovery import NodeRecoveryWorkflow

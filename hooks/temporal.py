@@ -20,8 +20,8 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import GrpcCompression, RPCError, RPCStatusCode
 
 from contracts.models import AlertDigest, NodeFailureAlert, RecoveryPolicy
+from hooks.intake import IncidentEnded
 from starter.alerts import raise_alerts
-from starter.hooks.intake import IncidentEnded
 from workflows.node_recovery import NodeRecoveryWorkflow, incident_workflow_id
 
 # The hook's Temporal client. No gRPC compression (the SDK gzips by default): a hand-over is a few

@@ -25,13 +25,13 @@ from backends.slurm.cli import SlurmCli
 from backends.slurm.client import SlurmClient
 from contracts.models import FaultClass
 from contracts.settings import ConfigError, Settings
-from starter.hooks.app import ASGIApp, HookApp
-from starter.hooks.correlation import RunningIncidents
-from starter.hooks.intake import Intake
-from starter.hooks.inventory import EveryNode, NodeInventory, SlurmInventory
-from starter.hooks.protocol import ConnectionLimits, guarded_protocol
-from starter.hooks.settings import HookSettings
-from starter.hooks.temporal import CLIENT_OPTIONS, TemporalIncidents
+from hooks.app import ASGIApp, HookApp
+from hooks.correlation import RunningIncidents
+from hooks.intake import Intake
+from hooks.inventory import EveryNode, NodeInventory, SlurmInventory
+from hooks.protocol import ConnectionLimits, guarded_protocol
+from hooks.settings import HookSettings
+from hooks.temporal import CLIENT_OPTIONS, TemporalIncidents
 from worker import connect
 
 log = logging.getLogger("training_recovery.hooks")

@@ -1,7 +1,7 @@
 """Game day: named failure scenarios run on the embedded local stack through the drill, each
 scored against its service level objectives (`recovery drill --scenario NAME|all`).
 
-Every scenario injects a failure with the drill's machinery (starter/drill.py: the reference
+Every scenario injects a failure with the drill's machinery (drills/drill.py: the reference
 training job, a fault marker, the alert as the hooks send it), follows the incident(s) to their end
 and measures, from the incident report, from Slurm and from the Temporal history (never assumed):
 
@@ -45,16 +45,16 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.xid_policy import XidPolicyTable
 from contracts.models import IncidentReport, NodeFailureAlert, OutcomeKind, RecoveryPolicy, SlurmJob
-from starter.alerts import raise_alert
-from starter.drill import Drill, DrillOptions, DrillResult, DrillRun
-from starter.faults import (
+from drills.drill import Drill, DrillOptions, DrillResult, DrillRun
+from drills.faults import (
     activity_starts,
     job_recovery_started,
     kill_worker,
     wait_for_history_point,
     worker_identities,
 )
-from starter.localstack import LocalStack, StackError, wait_async
+from drills.localstack import LocalStack, StackError, wait_async
+from starter.alerts import raise_alert
 from workflows.job_recovery import job_recovery_workflow_id
 
 Comparison = Literal["<=", "==", ">="]
@@ -284,7 +284,7 @@ async def activity_attempts(handle: WorkflowHandle, activity_type: str) -> int:
 
 
 def drill_check_slo(result: DrillResult, check: str, name: str, target: str) -> Slo:
-    """One of the drill's own checks (starter/drill.py), as an objective."""
+    """One of the drill's own checks (drills/drill.py), as an objective."""
     found = next((c for c in result.checks if c.name == check), None)
     return judged(name, target, found.detail if found else "not checked", bool(found and found.passed))
 

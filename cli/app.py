@@ -41,15 +41,15 @@ from rich.table import Table
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from cli.report_html import write_report_html
 from contracts import search_attributes as sa
 from contracts.budget import BreakerReset, QuarantineRelease
 from contracts.models import IncidentReport, IncidentStatus, NodeFailureAlert, OperatorDecision, Phase, _check_node_name
 from contracts.settings import ConfigError, Settings, describe_config, load_settings, load_telemetry_settings
-from starter.report_html import write_report_html
 
 if TYPE_CHECKING:  # for the annotations: the commands that use them import them
-    from starter.drill import DrillOptions
-    from starter.localstack import LocalStack
+    from drills.drill import DrillOptions
+    from drills.localstack import LocalStack
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 3
 # Outcomes after which nothing is left for a person to do.
@@ -145,11 +145,11 @@ def drill(
         help="write each incident's Temporal history into this directory (replay fixtures: docs/upgrades.md)",
     ),
 ) -> None:
-    from starter.drill import DrillOptions
+    from drills.drill import DrillOptions
 
     version = slurm_version.value if slurm_version else None
     if scenario is not None:
-        from starter.gameday import scenario_names
+        from drills.gameday import scenario_names
 
         try:
             names = scenario_names(scenario)
@@ -169,7 +169,7 @@ def drill(
 
 def _drill_stack(slurm_version: str | None) -> tuple[Settings, LocalStack]:
     """The configuration, and the local stack a drill or game day runs on."""
-    from starter.localstack import LocalStack
+    from drills.localstack import LocalStack
 
     settings = load_settings()
     stack = LocalStack(task_queue=settings.task_queue, slurm_version=slurm_version)
@@ -185,8 +185,8 @@ async def _stack_client(stack: LocalStack) -> Client:
 
 async def _drill(opts: DrillOptions, as_json: bool, slurm_version: str | None, save_history: Path | None) -> int:
     from activities.xid_policy import XidPolicyTable
-    from starter.drill import Drill
-    from starter.gameday import save_histories
+    from drills.drill import Drill
+    from drills.gameday import save_histories
     from workflows.node_recovery import incident_workflow_id
 
     settings, stack = _drill_stack(slurm_version)
@@ -228,7 +228,7 @@ async def _gameday(
     names: list[str], as_list: bool, as_json: bool, slurm_version: str | None, save_history: Path | None
 ) -> int:
     from activities.xid_policy import XidPolicyTable
-    from starter.gameday import GameDay, exit_code
+    from drills.gameday import GameDay, exit_code
 
     settings, stack = _drill_stack(slurm_version)
     with LiveProgress(stderr) as progress:
@@ -912,7 +912,7 @@ def stack(
 
 
 async def _stack(action: StackAction, slurm_version: str | None) -> int:
-    from starter.localstack import DEBIAN_RELEASE_OF_GENERATION, LocalStack
+    from drills.localstack import DEBIAN_RELEASE_OF_GENERATION, LocalStack
 
     local = LocalStack(task_queue=load_settings().task_queue, slurm_version=slurm_version)
     if action == StackAction.up:
@@ -950,8 +950,8 @@ def hooks(
     host: str | None = typer.Option(None, help="listen address (default RECOVERY_HOOKS_HOST or 127.0.0.1)"),
     port: int | None = typer.Option(None, help="listen port (default RECOVERY_HOOKS_PORT or 8910)"),
 ) -> None:
-    from starter.hooks.server import serve
-    from starter.hooks.settings import HookSettings
+    from hooks.server import serve
+    from hooks.settings import HookSettings
 
     overrides = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
     # serve() picks the event loop (uvloop) before one exists: the coroutine runs after it.

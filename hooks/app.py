@@ -26,13 +26,13 @@ from pydantic import BaseModel, Field, ValidationError
 from pydantic.json_schema import models_json_schema
 
 from contracts.models import utc_now
-from starter.hooks.auth import NONCE_CHARACTERS, NONCE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, Authenticator
-from starter.hooks.credentials import Credential
-from starter.hooks.intake import Intake, Outcome, Result
-from starter.hooks.inventory import EveryNode, InventoryUnavailable, NodeInventory
-from starter.hooks.problems import Refused, from_validation, problem
-from starter.hooks.settings import HookSettings
-from starter.hooks.sources import (
+from hooks.auth import NONCE_CHARACTERS, NONCE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, Authenticator
+from hooks.credentials import Credential
+from hooks.intake import Intake, Outcome, Result
+from hooks.inventory import EveryNode, InventoryUnavailable, NodeInventory
+from hooks.problems import Refused, from_validation, problem
+from hooks.settings import HookSettings
+from hooks.sources import (
     IgnoredLine,
     Incoming,
     Parsed,

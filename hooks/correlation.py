@@ -27,7 +27,7 @@ from typing import Protocol
 from temporalio.client import Client
 
 from contracts import search_attributes as sa
-from starter.hooks.sources import Incoming
+from hooks.sources import Incoming
 from workflows.node_recovery import NodeRecoveryWorkflow, incident_workflow_id
 
 log = logging.getLogger("training_recovery.hooks")

@@ -14,7 +14,7 @@ A YAML (or JSON) file::
       nodes: gpu-[1-512]                   # the nodes that have one (a hostlist, not "*")
 
 A request whose alerts name a node outside its credential's nodes is refused whole (403).
-``python -m starter.hooks.credentials NODE`` prints NODE's agent token, from the same file.
+``python -m hooks.credentials NODE`` prints NODE's agent token, from the same file.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import hostlist
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from starter.hooks.problems import location
+from hooks.problems import location
 
 EVERY_NODE = "*"
 CredentialName = Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")]  # safe as a Prometheus label value
@@ -169,7 +169,7 @@ class BearerTokens:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m starter.hooks.credentials", description="print a node agent's bearer token"
+        prog="python -m hooks.credentials", description="print a node agent's bearer token"
     )
     parser.add_argument("node")
     parser.add_argument(

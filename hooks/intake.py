@@ -39,14 +39,14 @@ from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 from contracts.models import MAX_DIGEST_SAMPLE, AlertDigest, NodeFailureAlert, utc_now
-from starter.hooks.correlation import (
+from hooks.correlation import (
     IncidentDirectory,
     Snapshot,
     correlation_reason,
     is_secondary,
     primary_for,
 )
-from starter.hooks.sources import Incoming
+from hooks.sources import Incoming
 from workflows.node_recovery import incident_workflow_id
 
 log = logging.getLogger("training_recovery.hooks")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from starter.hooks.problems import Refused, problem
+from hooks.problems import Refused, problem
 
 # How long a refused connection is still read (and what comes discarded) after its answer: closed
 # at once with the sender's bytes unread, the kernel answers them with a reset, which can reach the
