@@ -452,9 +452,7 @@ class NodeRecoveryWorkflow:
 
     async def _drain(self, req: RecoveryRequest, ctx: ActionContext) -> NodeFenceResult:
         if req.policy.fleet_budget and not req.policy.dry_run and self._fence_breaker:
-            held = await self._steps.run("breaker", self._pass_breaker(req.node, req.policy), index_now=False)
-            if held is not None:
-                raise held
+            await self._steps.run("breaker", self._pass_breaker(req.node, req.policy), index_now=False)
         await self._notify(
             NotificationKind.INCIDENT_OPENED,
             f"XID {ctx.xid} {ctx.mnemonic} on {req.node} ({ctx.reason}): draining the node",
@@ -473,10 +471,10 @@ class NodeRecoveryWorkflow:
         self._steps.note(fence.action.detail)
         return fence
 
-    async def _pass_breaker(self, node: str, policy: RecoveryPolicy) -> FenceHeld | None:
+    async def _pass_breaker(self, node: str, policy: RecoveryPolicy) -> None:
         """The fence circuit breaker's word before the drain. Tripped, the incident is held here,
         nothing drained, until an operator resets the breaker or answers for this node, or until
-        fence_hold_seconds pass. Returns why the node stays undrained, or None: fence it."""
+        fence_hold_seconds pass; then FenceHeld says why the node stays undrained."""
         scope = self._fence_scope = await fence_call(
             FencingActivities.fence_scope, node, f"Read {node}'s Slurm partitions and the cluster's size"
         )
@@ -490,20 +488,19 @@ class NodeRecoveryWorkflow:
             answer = self._gates.close()
             if state.fence_held:
                 if answer is None:
-                    return FenceHeld(
+                    raise FenceHeld(
                         OutcomeKind.HELD,
                         f"held: the fence circuit breaker stayed tripped for {hold.total_seconds():.0f} s; "
                         "nothing was drained",
                     )
                 if answer.kind == "deny":
-                    return FenceHeld(
+                    raise FenceHeld(
                         OutcomeKind.DENIED,
                         f"denied: fence past the tripped breaker ({answer.actor}: {answer.reason}); "
                         "nothing was drained",
                     )
                 state = await self._lease.approve_fence(OperatorDecision(actor=answer.actor, reason=answer.reason))
         self._steps.note(f"fence permitted by {state.granted_by or 'policy'}: {state.reason}")
-        return None
 
     async def _fence_and_escalate(
         self, req: RecoveryRequest, ctx: ActionContext, first: NodeFailureAlert, action: IncidentAction, why: str
