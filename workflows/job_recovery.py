@@ -38,6 +38,9 @@ with workflow.unsafe.imports_passed_through():
 MOST_NODES_JOINED = 256
 # NodeRecoveryWorkflow's signals, by name: this module cannot import the incident's.
 JOB_REQUEUED, JOB_RECOVERED, JOB_REQUEUE_FAILED = "job_requeued", "job_recovered", "job_requeue_failed"
+# A node may join while the run tells its end: it is told too (a failure), or its node is requeued
+# and verified as well (a recovery), where runs before this patch ended without a word to it.
+LATE_JOINERS_TOLD = "late-joiners-told"
 
 
 def job_recovery_workflow_id(task_queue: str, job_id: int) -> str:
@@ -99,7 +102,8 @@ class JobRecoveryWorkflow:
             recovered = JobRecovered(requeue=requeue, verification=await verifying, failed_together=self._peers())
             if not self._uncovered():
                 await self._tell(list(self._joined.values()), JOB_RECOVERED, recovered)
-                return recovered
+                if not self._uncovered() or not workflow.patched(LATE_JOINERS_TOLD):
+                    return recovered
 
     async def _requeue_off(self, nodes: list[str]) -> RequeueResult:
         first = self._first
@@ -139,7 +143,7 @@ class JobRecoveryWorkflow:
                     message=f"requeue of job {job.job_id} failed: {cause or err}",
                 )
             )
-            await self._tell(list(self._joined.values()), JOB_REQUEUE_FAILED, failure)
+            await self._tell_every_joined(JOB_REQUEUE_FAILED, failure)
             raise
         self._covered = set(nodes)
         return self._requeue
@@ -153,6 +157,15 @@ class JobRecoveryWorkflow:
             JOB_REQUEUED,
             JobRequeued(run_id=workflow.info().run_id, requeue=requeue, failed_together=self._peers()),
         )
+
+    async def _tell_every_joined(self, signal: str, news: object) -> None:
+        """Every incident that joined, those that join while it is told as well."""
+        told: set[str] = set()
+        while untold := [join for node, join in self._joined.items() if node not in told]:
+            if told and not workflow.patched(LATE_JOINERS_TOLD):
+                return
+            told.update(join.node for join in untold)
+            await self._tell(untold, signal, news)
 
     @staticmethod
     async def _tell(joins: list[JobJoin], signal: str, news: object) -> None:

@@ -2,22 +2,34 @@
 stand-ins for the two Slurm activities under their real names and for the incidents (a workflow
 that keeps what the job's recovery signals it): the incidents on one job's nodes share one
 requeue and one verification, a node that joins during the verification gets the job requeued
-off it too and the verification redone, and a failed requeue fails every joined incident.
+off it too and the verification redone, and a failed requeue fails every joined incident; a node
+that joins while the run tells its end (held there by an interceptor) is not left unheard.
 The real requeue and verification on real Slurm: test_failures_together.py."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
 
 import pytest
 from pydantic import BaseModel, Field
 from temporalio import activity, workflow
-from temporalio.client import WithStartWorkflowOperation, WorkflowUpdateFailedError
+from temporalio.client import WithStartWorkflowOperation, WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import Worker
+from temporalio.worker import (
+    HandleUpdateInput,
+    Interceptor,
+    Replayer,
+    SignalExternalWorkflowInput,
+    Worker,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+    WorkflowOutboundInterceptor,
+)
 
 from contracts.models import (
     ActionContext,
@@ -37,6 +49,7 @@ from workflows.job_recovery import (
     JOB_RECOVERED,
     JOB_REQUEUE_FAILED,
     JOB_REQUEUED,
+    LATE_JOINERS_TOLD,
     JobRecoveryWorkflow,
     job_recovery_workflow_id,
 )
@@ -178,14 +191,53 @@ class JobRecovery:
         await self.client.get_workflow_handle(self.workflow_id, run_id=run_id).signal(JobRecoveryWorkflow.verify)
 
 
+class HoldTheEnd(Interceptor):
+    """Holds the job's recovery as it begins to tell its end (the signal named) until one more node
+    joins: the window in which a join meets a run that is ending, made certain. Holds once."""
+
+    def __init__(self, signal: str):
+        self.signal = signal
+        self.holding = False  # seen by the test: the run waits for a join
+
+    def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
+        hold = self
+
+        class CountJoins(WorkflowInboundInterceptor):
+            joins = 0
+            held = False
+
+            def init(self, outbound: WorkflowOutboundInterceptor) -> None:
+                super().init(HoldSignal(outbound, self))
+
+            async def handle_update_handler(self, input: HandleUpdateInput):
+                result = await super().handle_update_handler(input)
+                self.joins += 1
+                return result
+
+        class HoldSignal(WorkflowOutboundInterceptor):
+            def __init__(self, next: WorkflowOutboundInterceptor, inbound: CountJoins):
+                super().__init__(next)
+                self.inbound = inbound
+
+            async def signal_external_workflow(self, input: SignalExternalWorkflowInput) -> None:
+                if input.signal == hold.signal and not self.inbound.held:
+                    self.inbound.held = hold.holding = True
+                    joins = self.inbound.joins
+                    await workflow.wait_condition(lambda: self.inbound.joins > joins)
+                await super().signal_external_workflow(input)
+
+        return CountJoins
+
+
 @asynccontextmanager
-async def job_recovery(env, slurm: SlurmStandIn):
+async def job_recovery(env, slurm: SlurmStandIn, interceptors: Sequence[Interceptor] = ()):
     task_queue = f"job-recovery-{uuid.uuid4()}"
     async with Worker(
         env.client,
         task_queue=task_queue,
         workflows=[JobRecoveryWorkflow, StandInIncident],
         activities=slurm.activities(),
+        interceptors=interceptors,
     ):
         recovery = JobRecovery(env.client, task_queue)
         yield recovery
@@ -263,6 +315,61 @@ async def test_a_failed_requeue_fails_every_incident_that_joined(temporal_env):
                 "scontrol requeuehold: Invalid job id",
             )
             assert not (await jobs.heard(node)).requeued
+
+
+async def test_a_node_that_joins_while_a_failed_requeue_is_told_hears_of_the_failure_too(temporal_env):
+    slurm, hold = SlurmStandIn(fail_requeue=True), HoldTheEnd(JOB_REQUEUE_FAILED)
+    async with job_recovery(temporal_env, slurm, [hold]) as jobs:
+        run = await jobs.join("gpu-1")
+        await until(lambda: hold.holding, "the run to begin telling the failure")
+        assert await jobs.join("gpu-2") == run  # the ending run took it
+        for node in ("gpu-1", "gpu-2"):
+            [failure] = await until(lambda node=node: told(jobs, node, "failed"), f"{node} to hear of the failure")
+            assert failure.error_type == "SlurmCommandError"
+        assert len(slurm.requeues) == 1
+        await replays_behind_the_patch(temporal_env, jobs, run, hold)
+
+
+async def test_a_node_that_joins_while_the_recovery_is_told_gets_its_requeue_and_verification(temporal_env):
+    slurm, hold = SlurmStandIn(), HoldTheEnd(JOB_RECOVERED)
+    async with job_recovery(temporal_env, slurm, [hold]) as jobs:
+        run = await jobs.join("gpu-1")
+        await until(lambda: told(jobs, "gpu-1", "requeued"), "gpu-1 to hear of its requeue")
+        await jobs.verify(run)
+        await until(lambda: hold.holding, "the run to begin telling the recovery")
+        assert await jobs.join("gpu-3") == run
+        await until(lambda: told(jobs, "gpu-3", "requeued"), "gpu-3 to hear of its requeue")
+        [recovered] = await until(lambda: told(jobs, "gpu-3", "recovered"), "gpu-3 to hear of the verification")
+        # The job may run on gpu-3 again: requeued off it as well and verified anew.
+        assert [r.failed_nodes for r in slurm.requeues] == [["gpu-1"], ["gpu-1", "gpu-3"]]
+        assert [v.failed_nodes for v in slurm.verifications] == [["gpu-1"], ["gpu-1", "gpu-3"]]
+        assert recovered.verification.restart_count_after == 2
+        assert [p.node for p in recovered.failed_together] == ["gpu-1", "gpu-3"]
+        # gpu-1 heard the first verification, then the one that covers both.
+        assert [r.verification.restart_count_after for r in (await jobs.heard("gpu-1")).recovered] == [1, 2]
+        await replays_behind_the_patch(temporal_env, jobs, run, hold)
+
+
+async def replays_behind_the_patch(env, jobs: JobRecovery, run_id: str, hold: HoldTheEnd) -> None:
+    """The run took the late joiner behind LATE_JOINERS_TOLD, and its history replays on this code
+    (held the same way: the hold is in the history's order of events)."""
+    handle = env.client.get_workflow_handle(jobs.workflow_id, run_id=run_id)
+
+    async def ended() -> bool:
+        return (await handle.describe()).status != WorkflowExecutionStatus.RUNNING
+
+    await until(ended, "the run to end")
+    history = await handle.fetch_history()
+    markers = [
+        e.marker_recorded_event_attributes for e in history.events if e.HasField("marker_recorded_event_attributes")
+    ]
+    assert any(
+        LATE_JOINERS_TOLD.encode() in p.data for m in markers for ps in m.details.values() for p in ps.payloads
+    ), markers
+    replayer = Replayer(
+        workflows=[JobRecoveryWorkflow], interceptors=[HoldTheEnd(hold.signal)], data_converter=pydantic_data_converter
+    )
+    await replayer.replay_workflow(history)
 
 
 async def test_a_join_for_another_job_is_refused_and_changes_nothing(temporal_env):
