@@ -49,7 +49,7 @@ install_python_env() {
   say "creating .venv and installing the project"
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[test,check]'
+  .venv/bin/python -m pip install -q -e '.[drills,test,check]'
   echo "$want" > "$stamp"
 }
 

@@ -31,14 +31,14 @@ from activities.jobs import JobActivities
 from activities.kubernetes import KubernetesActivities
 from activities.notify import NotifyActivities
 from activities.operators import OperatorActivities, OperatorKeys
+from activities.platform import PlatformActivities
 from activities.policy import PolicyActivities
-from activities.replacement import ReplacementActivities
 from activities.telemetry import TelemetryActivities
 from activities.xid_policy import ClassifyActivities, XidPolicyTable
 from backends.checkpoints import CheckpointStore
 from backends.health import HealthCheck
 from backends.kubernetes import load_api_client
-from backends.replacement import HotSparePool
+from backends.replacement import BareSlurm
 from backends.slurm import SlurmCli, SlurmClient, SlurmRest, SlurmUnavailable, TokenFile, Unsupported
 from contracts import search_attributes
 from contracts.audit import configure_sink, remove_sink
@@ -161,14 +161,19 @@ def activities_for(
     kubernetes: KubernetesSettings | None = None,
     resources: AsyncExitStack | None = None,
 ) -> list:
-    """Every activity this worker runs; the Kubernetes ones when `kubernetes` configures them
-    (`resources` then closes their API client when the worker stops)."""
+    """Every activity this worker runs. The platform seam is bound here: Slurm on Kubernetes when
+    `kubernetes` configures it (`resources` then closes its API client when the worker stops),
+    bare Slurm otherwise."""
     checkpoints = CheckpointStore()
     classify = ClassifyActivities(XidPolicyTable(settings.xid_policy_file), temporal)
     health = HealthCheck(settings.health_check_argv())
     fencing = FencingActivities(slurm, health)
     jobs = JobActivities(slurm, checkpoints)
-    replacement = ReplacementActivities(slurm, HotSparePool(slurm), health)
+    k8s = None
+    if kubernetes is not None:
+        assert resources is not None, "resources close the Kubernetes API client"
+        k8s = kubernetes_activities(kubernetes, slurm, health, resources)
+    platform = PlatformActivities(k8s.platform if k8s is not None else BareSlurm(slurm, health), health)
     telemetry = TelemetryActivities(metrics)
     budget = BudgetActivities(
         temporal,
@@ -190,9 +195,7 @@ def activities_for(
         jobs.requeue_job,
         jobs.verify_restart,
         *JobRecoveryActivities(temporal, settings.task_queue).all(),
-        replacement.request_replacement,
-        replacement.wait_for_spare,
-        replacement.check_node_health,
+        *platform.all(),
         telemetry.record_incident,
         telemetry.record_budget_in_use,
         budget.request_lease,
@@ -204,15 +207,17 @@ def activities_for(
         PolicyActivities(settings.policy(), settings.accept_starter_policy).incident_policy,
         write_audit,
         write_audit_lines,
-        *(kubernetes_activities(kubernetes, slurm, resources) if kubernetes is not None else []),
+        *(k8s.all() if k8s is not None else []),
     ]
 
 
-def kubernetes_activities(settings: KubernetesSettings, slurm: SlurmClient, resources: AsyncExitStack) -> list:
+def kubernetes_activities(
+    settings: KubernetesSettings, slurm: SlurmClient, health: HealthCheck, resources: AsyncExitStack
+) -> KubernetesActivities:
     loaded = load_api_client(settings)  # one ApiClient for this worker, never the global default
     resources.callback(loaded.api.close)  # its connection and thread pools, once the worker has stopped
     log.info("Kubernetes API from %s; replacement provider %s", loaded.source, settings.replacement)
-    return KubernetesActivities(loaded.api, settings, slurm).all()
+    return KubernetesActivities(loaded.api, settings, slurm, health=health)
 
 
 # Workflow runs the worker keeps in memory (the SDK's default is 1,000). A run pushed out of the

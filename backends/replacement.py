@@ -1,30 +1,86 @@
-"""Replacement capacity behind one interface. Bare Slurm: a pool of hot spares.
+"""Bare Slurm behind the platform seam (backends/platform.py): Slurm's drain and DOWN are the
+whole fence and release, and the replacement is a hot spare from a pool.
 
 A hot spare is a node that is up but drained with the standby reason. To bring one in, the pool
 claims it (the node's Slurm comment names the incident, so a retried request finds its own claim
 instead of taking a second spare) and resumes it. A worker takes its claims one at a time, so its
 incidents never share a spare. Across worker processes nothing serialises them yet: Slurm's node
 comment is last-writer-wins, so two workers' incidents racing for the last spare may, rarely,
-both take it (the fleet budget, a singleton, is where such claims should go). Kubernetes and
-cloud providers implement the same `ReplacementProvider` protocol.
+both take it (the fleet budget, a singleton, is where such claims should go): incidents claim
+each spare through its own SpareClaimWorkflow (workflows/spare_claim.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+import time
 
+from backends.health import HealthCheck
+from backends.platform import Progress, telling_progress
 from backends.slurm import SlurmClient, SlurmError
 from contracts.audit import record
-from contracts.models import ActionContext, ActionRecord, ReplacementResult, SlurmNode
+from contracts.models import (
+    ActionContext,
+    ActionRecord,
+    FenceHandle,
+    FenceRequest,
+    FenceResult,
+    ReleaseRequest,
+    ReleaseResult,
+    ReplacementRequest,
+    ReplacementResult,
+    SlurmNode,
+    SpareResult,
+    SpareWaitRequest,
+    utc_now,
+)
 
 SPARE_STANDBY_REASON = "hot spare standby"
+POLL_SECONDS = 0.5
 
 
-class ReplacementProvider(Protocol):
-    name: str
+class BareSlurm:
+    """The NodePlatform of a cluster without Kubernetes."""
 
-    async def request(self, failed_node: str, candidates: list[str], ctx: ActionContext) -> ReplacementResult: ...
+    name = "slurm"
+
+    def __init__(self, slurm: SlurmClient, health: HealthCheck):
+        self._slurm = slurm
+        self._spares = HotSparePool(slurm)
+        self._health = health
+
+    async def fence(self, req: FenceRequest) -> FenceResult:
+        handle = FenceHandle(platform=self.name, slurm_node=req.node, fenced_at=utc_now(), spares_on_standby=True)
+        return FenceResult(handle=handle, detail="Slurm's drain is the whole fence")
+
+    async def release(self, req: ReleaseRequest, progress: Progress) -> ReleaseResult:
+        return ReleaseResult(detail="Slurm's DOWN is the whole release")
+
+    async def request(self, req: ReplacementRequest, progress: Progress) -> ReplacementResult:
+        return await self._spares.request(req.failed_node, req.spare_nodes, req.ctx)
+
+    async def wait(self, req: SpareWaitRequest, progress: Progress) -> SpareResult:
+        """Healthy = in service in Slurm (idle or running work, responding, not drained) and the
+        health check hook passes."""
+        if req.node is None:
+            raise ValueError("a hot spare is waited for by name")
+        deadline = time.monotonic() + req.deadline_seconds
+        detail = ""
+        while time.monotonic() < deadline:
+            node = await self._slurm.get_node(req.node)
+            if node.in_service:
+                healthy, detail = await telling_progress(
+                    self._health.check(req.node), progress, f"health check of {req.node}"
+                )
+                if healthy:
+                    return SpareResult(node=req.node, healthy=True, in_service_at=utc_now(), detail=detail)
+            else:
+                detail = f"{node.state}{'+' + '+'.join(node.flags) if node.flags else ''} {node.reason}".strip()
+            progress(detail)
+            await asyncio.sleep(POLL_SECONDS)
+        return SpareResult(
+            node=req.node, healthy=False, detail=f"not healthy within {req.deadline_seconds:.0f} s: {detail}"
+        )
 
 
 class HotSparePool:
@@ -74,6 +130,7 @@ class HotSparePool:
             provider=self.name,
             actions=actions,
             detail=f"no hot spare on standby among {', '.join(candidates) or 'none configured'}",
+            accepted=False,
         )
 
     async def _claim(
@@ -117,4 +174,6 @@ class HotSparePool:
         return True
 
     def _brought_in(self, spare: SlurmNode, actions: list[ActionRecord]) -> ReplacementResult:
-        return ReplacementResult(node=spare.name, provider=self.name, detail="hot spare in service", actions=actions)
+        return ReplacementResult(
+            node=spare.name, provider=self.name, detail="hot spare in service", actions=actions, accepted=True
+        )

@@ -40,7 +40,7 @@ import uvloop
 from temporalio.client import Client
 
 from bench.services import SQLITE_WAL, cpu_seconds, hook_server, machine_busy_seconds, temporal_dev_server
-from hooks.testing import alertmanager_payload, dcgm_alert, gpu_health_event, kernel_log_post, xid_line
+from tests.hook_support import alertmanager_payload, dcgm_alert, gpu_health_event, kernel_log_post, xid_line
 
 # Where the dev server keeps its state: sqlite pragmas, None in memory.
 TEMPORAL_DBS: dict[str, tuple[str, ...] | None] = {"sqlite-wal": SQLITE_WAL, "sqlite": (), "memory": None}

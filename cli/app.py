@@ -52,6 +52,8 @@ if TYPE_CHECKING:  # for the annotations: the commands that use them import them
     from drills.localstack import LocalStack
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 3
+# A checkout's, not the image's (deploy/image/Containerfile): the commands that run the local stack.
+LOCAL_STACK_PACKAGES = ("drills", "kubesim")
 # Outcomes after which nothing is left for a person to do.
 SETTLED_OUTCOMES = ("recovered", "no_node_action")
 # An incident id: the node, then when its incident started.
@@ -984,6 +986,15 @@ def main(argv: list[str] | None = None) -> None:
         code = EXIT_BAD_INPUT if refused else EXIT_UNAVAILABLE
     except (RuntimeError, OSError) as e:
         _err(f"recovery: {e}")
+        code = EXIT_UNAVAILABLE
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in LOCAL_STACK_PACKAGES:
+            raise
+        command = next((arg for arg in (sys.argv[1:] if argv is None else argv) if not arg.startswith("-")), "")
+        _err(
+            f"recovery {command} needs the local stack (drills/), which this installation does not have "
+            "(the image runs the worker and the hooks): run it from a checkout, after ./dev.sh setup"
+        )
         code = EXIT_UNAVAILABLE
     sys.stdout.flush()
     sys.stderr.flush()

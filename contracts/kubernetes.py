@@ -7,25 +7,13 @@ slurmd pod's hostname), which differs from the Node's in the NodeSet's StatefulS
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import AfterValidator, AwareDatetime, Field
+from pydantic import AwareDatetime, Field
 
-from contracts.models import ActionContext, ActionRecord, Contract, NodeName
+from contracts.models import ActionContext, ActionRecord, Contract, KubeName, NodeName, SlurmdPod
 
-# RFC 1123 subdomain: what the API server accepts as a Node, pod or NodeSet name.
-_KUBE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-
-
-def _check_kube_name(name: str) -> str:
-    if not _KUBE_NAME.fullmatch(name):
-        raise ValueError(f"invalid Kubernetes object name {name!r}: lower-case RFC 1123 subdomain")
-    return name
-
-
-KubeName = Annotated[str, AfterValidator(_check_kube_name)]
 TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 
 NODESET_GROUP = "slinky.slurm.net"
@@ -104,17 +92,6 @@ class K8sUnfenceResult(Contract):
 
 class SlurmdPodRequest(Contract):
     slurm_node: NodeName
-
-
-class SlurmdPod(Contract):
-    namespace: KubeName
-    name: KubeName
-    uid: str
-    node: KubeName | None = Field(description="the Kubernetes Node it is bound to (None while unscheduled)")
-    slurm_node: NodeName = Field(description="the pod's hostname: the Slurm node name slurmd registers")
-    created_at: datetime
-    ready: bool
-    terminating: bool
 
 
 class EvictRequest(Contract):

@@ -416,15 +416,83 @@ class RequeueRequest(Contract):
         return sorted({self.failed_node, *self.also_failed})
 
 
+# Slurm on Kubernetes, as the platform seam carries it (contracts/kubernetes.py has the rest).
+# RFC 1123 subdomain: what the API server accepts as a Node, pod or NodeSet name.
+_KUBE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def _check_kube_name(name: str) -> str:
+    if not _KUBE_NAME.fullmatch(name):
+        raise ValueError(f"invalid Kubernetes object name {name!r}: lower-case RFC 1123 subdomain")
+    return name
+
+
+KubeName = Annotated[str, AfterValidator(_check_kube_name)]
+
+
+class SlurmdPod(Contract):
+    namespace: KubeName
+    name: KubeName
+    uid: str
+    node: KubeName | None = Field(description="the Kubernetes Node it is bound to (None while unscheduled)")
+    slurm_node: NodeName = Field(description="the pod's hostname: the Slurm node name slurmd registers")
+    created_at: datetime
+    ready: bool
+    terminating: bool
+
+
+# --- the platform seam (backends/platform.py): the node's fence, its release, replacement capacity ---
+
+
+class FenceHandle(Contract):
+    """What the platform's fence learned about the node, handed back to the platform by the
+    workflow as it came: the story reads only whether spares wait on standby, and what the return
+    to service unfences."""
+
+    platform: str = Field(description="the platform the worker was bound to: slurm or kubernetes")
+    slurm_node: NodeName
+    fenced_at: datetime = Field(description="when the fence began: replacement capacity is newer")
+    spares_on_standby: bool = Field(
+        description="replacement capacity waits on standby (hot spares), claimed one spare at a time"
+    )
+    pod: SlurmdPod | None = Field(None, description="Slurm on Kubernetes: the slurmd pod that is the node")
+    unfence_node: KubeName | None = Field(
+        None, description="what the return to service unfences besides Slurm: the Kubernetes Node under the pod"
+    )
+
+
+class FenceRequest(Contract):
+    node: NodeName
+    ctx: ActionContext
+
+
+class FenceResult(Contract):
+    handle: FenceHandle
+    detail: str
+    actions: list[ActionRecord] = Field(default_factory=list)
+
+
+class ReleaseRequest(Contract):
+    handle: FenceHandle
+    ctx: ActionContext
+
+
+class ReleaseResult(Contract):
+    detail: str
+    actions: list[ActionRecord] = Field(default_factory=list)
+
+
 class ReplacementRequest(Contract):
     failed_node: NodeName
     spare_nodes: list[NodeName]
     ctx: ActionContext
+    handle: FenceHandle | None = Field(None, description="the platform's fence of the failed node")
 
 
 class SpareWaitRequest(Contract):
-    node: NodeName
+    node: NodeName | None = Field(description="the node brought in; None: the platform finds the new one")
     deadline_seconds: float
+    handle: FenceHandle | None = Field(None, description="the platform's fence of the failed node")
 
 
 class VerifyRequest(Contract):
@@ -556,6 +624,15 @@ class ReplacementResult(Contract):
     provider: str
     detail: str = ""
     actions: list[ActionRecord] = Field(default_factory=list)
+    accepted: bool | None = Field(
+        None,
+        description="the provider took the request, so capacity will come (named now or found by the wait); "
+        "None, as hot spare claims answered before the platform seam: whether a node was brought in",
+    )
+
+    @property
+    def coming(self) -> bool:
+        return self.accepted if self.accepted is not None else self.node is not None
 
 
 class SpareResult(Contract):

@@ -66,7 +66,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.incident.jobs import JobRecoveryFailed, JobWork
     from workflows.incident.kubernetes import KubernetesNode
     from workflows.incident.outcome import cause_of, notification_for, recovery_outcome
-    from workflows.incident.platform import NodePlatform
+    from workflows.incident.platform import ONE_PLATFORM_SEAM, BoundPlatform, NodePlatform
     from workflows.incident.slurm_calls import fence_call, read_partitions
     from workflows.incident.steps import IncidentAborted, SearchIndex, Steps
     from workflows.incident.timeline import Timeline, last_action_at
@@ -135,6 +135,8 @@ class NodeRecoveryWorkflow:
         self._job_work = JobWork(self._incident, self._steps, self._actions)
         self._hot_spares = HotSpares(self._steps, self._actions, self._lease)
         self._kubernetes = KubernetesNode(self._steps, self._actions)
+        self._platform = BoundPlatform(self._steps, self._actions, self._hot_spares)
+        self._one_platform_seam = False
         self._fence_breaker = False
         self._idle_node_keeps_spare = False
         self._policy_from_worker = False
@@ -296,6 +298,7 @@ class NodeRecoveryWorkflow:
         self._idle_node_keeps_spare = workflow.patched(IDLE_NODE_KEEPS_SPARE)
         self._policy_from_worker = workflow.patched(POLICY_FROM_WORKER)
         self._jobs_together = workflow.patched(JOBS_RECOVERED_TOGETHER)
+        self._one_platform_seam = workflow.patched(ONE_PLATFORM_SEAM)
 
     async def _handle(self, req: RecoveryRequest) -> IncidentReport:
         # The fence's local activities carry the incident id to Slurm before the first workflow task
@@ -387,7 +390,9 @@ class NodeRecoveryWorkflow:
         policy, node = req.policy, req.node
         if cls.fault_class == FaultClass.UNKNOWN:
             return await self._fence_and_escalate(req, ctx, first, action, "escalated: unknown XID")
-        platform: NodePlatform = self._kubernetes if policy.kubernetes else self._hot_spares
+        platform: NodePlatform = (
+            self._platform if self._one_platform_seam else self._kubernetes if policy.kubernetes else self._hot_spares
+        )
         fence = await self._drain(req, ctx)
         await platform.fence(node, ctx)
         jobs, denied = await self._find_jobs_and_lease(node, policy)

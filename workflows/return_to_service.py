@@ -19,7 +19,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from activities.fencing import FencingActivities
     from activities.kubernetes import KubernetesActivities
-    from activities.replacement import ReplacementActivities
+    from activities.platform import PlatformActivities
     from contracts.kubernetes import K8sNodeRequest
     from contracts.models import NodeRequest, ReturnToServiceRequest, ReturnToServiceResult
     from workflows.budget_lease import check_quarantine
@@ -84,7 +84,7 @@ class ReturnToServiceWorkflow:
         """Slurm on Kubernetes: once the health check passes, undo the incident's fence of the
         Node (its prior cordon, taints and condition come back), so slurmd can run there again."""
         health = await workflow.execute_activity_method(
-            ReplacementActivities.check_node_health,
+            PlatformActivities.check_node_health,
             req.node,
             summary=f"Run the health check hook on {req.node}",
             **SLURM_CALL,

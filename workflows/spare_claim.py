@@ -15,7 +15,7 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.replacement import ReplacementActivities
+    from activities.platform import PlatformActivities
     from contracts.models import ReplacementRequest, ReplacementResult
     from workflows.call_options import SLURM_CALL
 
@@ -30,7 +30,7 @@ class SpareClaimWorkflow:
     @workflow.run
     async def run(self, req: ReplacementRequest) -> ReplacementResult:
         return await workflow.execute_activity_method(
-            ReplacementActivities.request_replacement,
+            PlatformActivities.request_replacement,
             req,
             summary=f"Claim and resume hot spare {', '.join(req.spare_nodes)} for {req.failed_node}",
             **SLURM_CALL,

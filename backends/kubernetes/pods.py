@@ -29,8 +29,8 @@ from backends.kubernetes import calls
 from backends.kubernetes.api import Progress, call, meta, pod_spec, watch_until
 from backends.kubernetes.errors import EvictionBlocked, SlurmdPodNotFound
 from contracts.audit import record
-from contracts.kubernetes import EvictResult, SlurmdPod
-from contracts.models import ActionContext, ActionRecord
+from contracts.kubernetes import EvictResult
+from contracts.models import ActionContext, ActionRecord, SlurmdPod
 
 MAX_BACKOFF_SECONDS = 30.0
 

@@ -257,7 +257,7 @@ async def test_worker_killed_while_it_evicts_the_slurmd_pod_the_next_one_evicts_
         refusals = kubernetes.server.faults.inject("POST", r"/eviction$", status=429, times=None)
         try:
             run = await case.start(kubernetes=kubernetes)
-            await wait_for_history_point(run.handle, "evict_slurmd_pod", "started", 120)
+            await wait_for_history_point(run.handle, "release_node", "started", 120)  # the eviction
 
             async def refused_twice() -> bool:
                 return refusals.hits >= 2
@@ -272,12 +272,12 @@ async def test_worker_killed_while_it_evicts_the_slurmd_pod_the_next_one_evicts_
         finally:
             await case.end()
     r = result.report
-    where = f"worker {killed} killed during evict_slurmd_pod after {refusals.hits} refusals"
+    where = f"worker {killed} killed during release_node (the eviction) after {refusals.hits} refusals"
     assert r.outcome == "recovered", f"{where}: {r.model_dump_json(indent=1)}"
     # Refused each time but one: the pod was evicted once, by the second worker.
     assert posts == [f"/api/v1/namespaces/slurm/pods/{r.node}/eviction"] * (refusals.hits + 1), (where, posts)
     assert [a.path for a in r.actions if a.action == "evict_slurmd_pod"] == ["kubernetes"], where
-    evicted_by = (await activity_starts(run.handle, "evict_slurmd_pod"))[-1].identity
+    evicted_by = (await activity_starts(run.handle, "release_node"))[-1].identity
     assert evicted_by.startswith(f"{second}@"), (where, evicted_by)
     assert any(i.startswith(f"{killed}@") for i in await worker_identities(run.handle)), where
     job = await case.drill.slurm.get_job(result.job_id)

@@ -41,9 +41,9 @@ from contracts.kubernetes import (
     K8sNodeRequest,
     K8sReplacementRequest,
     K8sReplacementResult,
-    SlurmdPod,
     SlurmdPodRequest,
 )
+from contracts.models import SlurmdPod
 from drills.drill import Drill, DrillOptions, SimulatedKubernetes
 from kubesim.front import ApiFront
 from kubesim.simulators import Kubelet

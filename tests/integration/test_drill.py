@@ -40,12 +40,14 @@ async def test_xid79_drill_recovers_the_job_from_its_latest_complete_checkpoint(
         "classify",
         "breaker",
         "drain",
+        "fence_node",
         "find_jobs",
         "budget",
         "signal",
         "grace",
         "requeue",
         "mark_down",
+        "release_node",
         "request_replacement",
         "wait_for_spare",
         "verify",
@@ -77,7 +79,7 @@ async def test_xid79_drill_recovers_the_job_from_its_latest_complete_checkpoint(
 
 async def test_the_node_is_fenced_and_its_lease_asked_within_the_incidents_first_workflow_task(drill, recovery_worker):
     """Up to the first signal, no round trip through the server: the read of the node's partitions
-    and the cluster's size, the breaker's word, the drain, the jobs read, the lease request (both
+    and the cluster's size, the breaker's word, the drain, the platform's fence, the jobs read, the lease request (both
     answered in their replies, the budget being within its limits) and the signals are local
     activities of the first workflow task (fence-in-one-task, fence-breaker)."""
     run = await drill.start(DrillOptions(xid=79))
@@ -86,7 +88,7 @@ async def test_the_node_is_fenced_and_its_lease_asked_within_the_incidents_first
     history = [event async for event in run.handle.fetch_history_events()]
     tasks = [local_activities(commands) for commands in workflow_tasks(history)]
     task_of = {name: i for i, names in enumerate(tasks) for name in names}
-    fence = ("fence_scope", "drain_node", "find_jobs", "request_lease", "signal_job")
+    fence = ("fence_scope", "drain_node", "fence_node", "find_jobs", "request_lease", "signal_job")
     assert len({task_of[name] for name in fence}) == 1, tasks
     assert tasks[task_of["request_lease"]].count("request_lease") == 2  # the breaker's, then the lease's
     scheduled = {

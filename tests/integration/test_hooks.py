@@ -32,8 +32,8 @@ from contracts.settings import Settings
 from drills.localstack import wait_async
 from hooks.server import build_app, listening
 from hooks.settings import HookSettings
-from hooks.testing import alertmanager_payload, dcgm_alert, gpu_health_event, kernel_log_post, xid_line
 from starter.alerts import raise_alerts
+from tests.hook_support import alertmanager_payload, dcgm_alert, gpu_health_event, kernel_log_post, xid_line
 from workflows.node_recovery import incident_workflow_id
 
 TOKEN = "integration-token-5be0c1"

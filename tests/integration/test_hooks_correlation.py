@@ -21,7 +21,7 @@ from drills.drill import DrillOptions
 from hooks.inventory import SlurmInventory
 from hooks.server import build_app, listening, node_inventory
 from hooks.settings import HookSettings
-from hooks.testing import gpu_health_event, kernel_log_post, xid_line
+from tests.hook_support import gpu_health_event, kernel_log_post, xid_line
 from workflows.node_recovery import NodeRecoveryWorkflow, incident_workflow_id
 
 pytestmark = pytest.mark.slurm

@@ -29,7 +29,7 @@ from contracts.settings import Settings
 from drills.localstack import wait_async
 from hooks.server import build_app, listening
 from hooks.settings import HookSettings
-from hooks.testing import gpu_uuid
+from tests.hook_support import gpu_uuid
 from workflows.node_recovery import incident_workflow_id
 
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"

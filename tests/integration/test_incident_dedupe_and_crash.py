@@ -54,7 +54,7 @@ async def test_worker_killed_mid_recovery_finishes_and_requeues_exactly_once(
 
         async def recovery_under_way() -> str | None:
             phase = (await run.handle.query(NodeRecoveryWorkflow.status)).phase
-            under_way = ("requeue", "mark_down", "request_replacement", "wait_for_spare", "verify")
+            under_way = ("requeue", "mark_down", "release_node", "request_replacement", "wait_for_spare", "verify")
             return phase if phase in under_way else None
 
         killed_in = await wait_async(recovery_under_way, 60, "the recovery to reach the requeue", interval=0.02)

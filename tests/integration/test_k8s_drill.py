@@ -27,27 +27,27 @@ async def test_xid79_on_slurm_on_kubernetes_evicts_the_slurmd_pod_after_the_drai
     assert job.restart_count == 1 and job.verified
     assert r.node in job.nodes_before and r.node not in job.nodes_after
     assert r.resumed_step == r.latest_complete_step and r.resumed_step >= 10
-    # The Kubernetes steps, each where the workflow must take it: the pod goes only once Slurm
+    # The platform's steps, each where the workflow must take it: the pod goes only once Slurm
     # has let go of the node.
     assert [p.name for p in r.phases] == [
         "classify",
         "breaker",
         "drain",
-        "locate_slurmd_pod",
-        "fence_k8s_node",
+        "fence_node",
         "find_jobs",
         "budget",
         "signal",
         "grace",
         "requeue",
         "mark_down",
-        "evict_slurmd_pod",
+        "release_node",
         "request_replacement",
         "wait_for_spare",
-        "check_spare_health",
         "verify",
         "return_to_service",
     ]
+    fence = next(p for p in r.phases if p.name == "fence_node")
+    assert fence.result.startswith(f"slurm/{r.node} on Node k8s-{r.node}: "), fence.result
     at = {a.action: a.at for a in r.actions}
     assert (
         at["drain_node"]
@@ -60,11 +60,12 @@ async def test_xid79_on_slurm_on_kubernetes_evicts_the_slurmd_pod_after_the_drai
     eviction = next(a for a in r.actions if a.action == "evict_slurmd_pod")
     assert eviction.command.startswith(f"POST /api/v1/namespaces/slurm/pods/{r.node}/eviction ")
     assert f"Slurm: {r.node} down+DRAIN" in eviction.detail
-    assert next(p for p in r.phases if p.name == "evict_slurmd_pod").result.endswith("; terminated")
+    assert next(p for p in r.phases if p.name == "release_node").result.endswith("; terminated")
     # The replacement: the cluster's hot spare, whose slurmd pod came up on a new Node.
     assert r.spare_node == "gpu-5" and 0 < r.replacement_seconds < r.time_to_resume_seconds
     wait = next(p for p in r.phases if p.name == "wait_for_spare")
     assert wait.result.startswith("gpu-5 on Node k8s-gpu-new-0: ")
+    assert wait.result.endswith("; health check passed: gpu-5: slurmd answers, 8 GPUs present, no fault"), wait.result
     assert (await drill.slurm.get_node("gpu-5")).in_service
 
 

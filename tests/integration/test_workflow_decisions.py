@@ -36,6 +36,9 @@ from contracts.models import (
     CheckpointWaitResult,
     FaultClass,
     FaultClassification,
+    FenceHandle,
+    FenceRequest,
+    FenceResult,
     IncidentReport,
     JobSnapshot,
     JobVerification,
@@ -45,6 +48,8 @@ from contracts.models import (
     NodeRequest,
     OperatorDecision,
     RecoveryPolicy,
+    ReleaseRequest,
+    ReleaseResult,
     RepairCheck,
     ReplacementRequest,
     ReplacementResult,
@@ -179,6 +184,16 @@ class StandIns:
                 actions=[action("requeue_hold")],
             )
 
+        @activity.defn(name="fence_node")
+        async def fence_node(req: FenceRequest) -> FenceResult:
+            self.calls.append("fence_node")
+            handle = FenceHandle(platform="test", slurm_node=req.node, fenced_at=NOW, spares_on_standby=True)
+            return FenceResult(handle=handle, detail="Slurm's drain is the whole fence")
+
+        @activity.defn(name="release_node")
+        async def release_node(req: ReleaseRequest) -> ReleaseResult:
+            return ReleaseResult(detail="Slurm's DOWN is the whole release")
+
         @activity.defn(name="request_replacement")
         async def request_replacement(req: ReplacementRequest) -> ReplacementResult:
             self.calls.append("request_replacement")
@@ -212,7 +227,9 @@ class StandIns:
             record_incident,
             return_to_service,
             drain_node,
+            fence_node,
             mark_node_down,
+            release_node,
             find_jobs,
             signal_job,
             wait_for_checkpoint,
@@ -385,7 +402,7 @@ async def test_an_unanswered_gate_takes_the_safe_default(time_skipping_env):
     )
     assert report.outcome.startswith("denied: requeue (policy: no answer within 2 s: deny by default)")
     assert "requeue_job" not in stand_ins.calls and "mark_node_down" not in stand_ins.calls
-    assert stand_ins.calls == ["drain_node", "signal_job USR1"]
+    assert stand_ins.calls == ["drain_node", "fence_node", "signal_job USR1"]
     [decision] = report.decisions
     assert (decision.kind, decision.gate, decision.actor) == ("deny", "requeue", "policy")
     gate = phase(report, "approval_requeue")
@@ -513,7 +530,7 @@ async def test_abort_stops_the_incident_before_its_next_step(time_skipping_env):
         await decided(handle, "abort")
         report = await handle.result()
     assert report.outcome == f"aborted by alice in grace: {REASON}; node left as it was"
-    assert stand_ins.calls == ["drain_node", "signal_job USR1"]
+    assert stand_ins.calls == ["drain_node", "fence_node", "signal_job USR1"]
     assert [d.kind for d in report.decisions] == ["abort"]
 
 
@@ -579,7 +596,7 @@ async def test_application_xids_from_alertmanager_are_counted_per_gpu_on_the_rea
     from activities.xid_policy import ClassifyActivities, XidPolicyTable
     from contracts.settings import DEFAULT_XID_POLICY
     from hooks.sources import alertmanager
-    from hooks.testing import alertmanager_payload, dcgm_alert
+    from tests.hook_support import alertmanager_payload, dcgm_alert
 
     real = ClassifyActivities(XidPolicyTable(DEFAULT_XID_POLICY), temporal_env.client)
     node = f"gpu-{uuid.uuid4().hex[:8]}"

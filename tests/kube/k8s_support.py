@@ -13,6 +13,8 @@ from kubernetes.client.exceptions import ApiException
 from temporalio.testing import ActivityEnvironment
 
 from activities.kubernetes import KubernetesActivities
+from activities.platform import PlatformActivities
+from backends.health import HealthCheck
 from backends.kubernetes import load_api_client
 from backends.slurm import SlurmNotFound, SlurmUnavailable
 from contracts.k8s_settings import KubernetesSettings
@@ -74,9 +76,11 @@ class Recovery:
     """The activities as a worker builds them, run through temporalio's ActivityEnvironment
     (which records heartbeats)."""
 
-    def __init__(self, settings: KubernetesSettings, slurm: SlurmStandIn, provider=None):
+    def __init__(self, settings: KubernetesSettings, slurm: SlurmStandIn, provider=None, health=None):
         self.loaded = load_api_client(settings)
-        self.activities = KubernetesActivities(self.loaded.api, settings, slurm, provider)
+        self.activities = KubernetesActivities(self.loaded.api, settings, slurm, provider, health)
+        # The platform seam as the worker binds it on Slurm on Kubernetes.
+        self.platform = PlatformActivities(self.activities.platform, health or HealthCheck([]))
         self.heartbeats: list[object] = []
         self.env = ActivityEnvironment()
         self.env.on_heartbeat = lambda *details: self.heartbeats.extend(details)

@@ -58,6 +58,8 @@ def test_fixtures_cover_the_recorded_incidents():
         "no-spare.NodeRecoveryWorkflow.json",
         "drill-xid79-dry-run.NodeRecoveryWorkflow.json",
         "drill-xid79-k8s.NodeRecoveryWorkflow.json",
+        "xid79-fatal-one-platform-seam.NodeRecoveryWorkflow.json",
+        "drill-xid79-k8s-one-platform-seam.NodeRecoveryWorkflow.json",
     ):
         assert expected in names, f"missing fixture {expected}: re-record (docs/upgrades.md)"
     for path in FIXTURES:

@@ -20,8 +20,8 @@ from drills.drill import DrillOptions
 from drills.localstack import wait_async
 from hooks.server import build_app, listening
 from hooks.settings import HookSettings
-from hooks.testing import kernel_log_post, xid_line
 from starter.decisions import decide
+from tests.hook_support import kernel_log_post, xid_line
 from tests.integration.conftest import drill, recovery_worker, settings, task_queue  # noqa: F401
 from workflows.node_recovery import NodeRecoveryWorkflow
 

@@ -16,7 +16,7 @@ from hypothesis import given, strategies as st
 
 from hooks.app import HookAnswer, ProblemAnswer, openapi_document
 from hooks.settings import HookSettings
-from hooks.testing import alertmanager_payload, dcgm_alert, gpu_health_event, kernel_log_post, xid_line
+from tests.hook_support import alertmanager_payload, dcgm_alert, gpu_health_event, kernel_log_post, xid_line
 from tests.unit.test_hook_properties import Answer, assert_refused, examples, hook  # noqa: F401
 
 

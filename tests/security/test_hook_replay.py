@@ -18,7 +18,7 @@ from hooks.auth import NONCE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, Authent
 from hooks.intake import Intake
 from hooks.problems import Refused
 from hooks.settings import HookSettings
-from hooks.testing import RecordingIncidents, gpu_health_event
+from tests.hook_support import RecordingIncidents, gpu_health_event
 
 KEY = "replay-test-key-7b0e"
 

@@ -20,7 +20,7 @@ from hooks.app import HookApp, ProblemAnswer
 from hooks.credentials import agent_token
 from hooks.intake import Intake
 from hooks.settings import HookSettings
-from hooks.testing import (
+from tests.hook_support import (
     RecordingIncidents,
     alertmanager_payload,
     dcgm_alert,

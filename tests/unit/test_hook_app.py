@@ -14,7 +14,7 @@ from hooks.app import HookAnswer, HookApp, ProblemAnswer
 from hooks.auth import SIGNATURE_HEADER, signed_headers
 from hooks.intake import Intake
 from hooks.settings import HookSettings
-from hooks.testing import (
+from tests.hook_support import (
     RecordingIncidents,
     alertmanager_payload,
     dcgm_alert,

@@ -15,7 +15,7 @@ from contracts import search_attributes as sa
 from hooks.correlation import RunningIncident, RunningIncidents, Snapshot, primary_for
 from hooks.intake import Intake, IntakeLimits, Outcome
 from hooks.sources import Incoming
-from hooks.testing import FixedDirectory, RecordedRun, RecordingIncidents
+from tests.hook_support import FixedDirectory, RecordedRun, RecordingIncidents
 
 NOW = datetime(2026, 11, 30, 0, 17, 36, tzinfo=timezone.utc)
 WINDOW = timedelta(seconds=120)

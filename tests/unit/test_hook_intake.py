@@ -11,7 +11,7 @@ import pytest
 
 from hooks.intake import Intake, IntakeLimits, Outcome
 from hooks.sources import Incoming
-from hooks.testing import RecordingIncidents
+from tests.hook_support import RecordingIncidents
 
 NOW = datetime(2026, 11, 30, 0, 17, 36, tzinfo=timezone.utc)
 

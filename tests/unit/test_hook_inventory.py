@@ -17,7 +17,7 @@ from hooks.intake import Intake
 from hooks.inventory import EveryNode, InventoryUnavailable, SlurmInventory
 from hooks.server import node_inventory
 from hooks.settings import HookSettings
-from hooks.testing import RecordingIncidents, alertmanager_payload, dcgm_alert
+from tests.hook_support import RecordingIncidents, alertmanager_payload, dcgm_alert
 
 TOKEN = "tok-9c2e41d7a0b3f5"
 AUTH = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 from hooks.intake import Intake, IntakeLimits
 from hooks.sources import Incoming
-from hooks.testing import FixedDirectory, RecordingIncidents
+from tests.hook_support import FixedDirectory, RecordingIncidents
 
 
 async def test_held_alerts_leave_no_per_node_state_once_decided():

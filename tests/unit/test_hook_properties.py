@@ -20,7 +20,7 @@ from hooks.app import HookAnswer, HookApp, ProblemAnswer
 from hooks.intake import Intake
 from hooks.settings import HookSettings
 from hooks.sources.kernel_log import parse_line
-from hooks.testing import (
+from tests.hook_support import (
     RecordingIncidents,
     alertmanager_payload,
     dcgm_alert,

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from hooks.sources import alertmanager, gpu_health, kernel_log
-from hooks.testing import alertmanager_payload, dcgm_alert, gpu_health_event, kernel_log_post, xid_line
+from tests.hook_support import alertmanager_payload, dcgm_alert, gpu_health_event, kernel_log_post, xid_line
 
 T0 = datetime(2026, 11, 30, 0, 17, 36, tzinfo=timezone.utc)
 NODE_LABELS = ["node", "Hostname", "instance"]

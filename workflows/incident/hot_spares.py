@@ -11,7 +11,7 @@ from temporalio.exceptions import ActivityError, ChildWorkflowError, WorkflowAlr
 
 with workflow.unsafe.imports_passed_through():
     from activities.budget import BudgetActivities
-    from activities.replacement import ReplacementActivities
+    from activities.platform import PlatformActivities
     from backends.replacement import HotSparePool
     from contracts.models import (
         ActionContext,
@@ -38,8 +38,8 @@ CLAIM_BUSY_PASSES = 10
 
 
 class HotSpares:
-    """Bare Slurm as the incident's NodePlatform (workflows/incident/platform.py): Slurm's drain
-    and down are the whole fence, and the replacement is a hot spare."""
+    """Hot spares on standby, claimed for the incident. Before the `one-platform-seam` patch it was
+    also bare Slurm's NodePlatform (workflows/incident/platform.py), which runs it since."""
 
     spares_on_standby = True
     unfence_node = None
@@ -59,7 +59,31 @@ class HotSpares:
         self, node: str, ctx: ActionContext, policy: RecoveryPolicy
     ) -> tuple[str | None, SpareResult | None]:
         """Claim and resume a hot spare, then wait until it is healthy. Returns why there is no
-        replacement (or None), and the spare."""
+        replacement (or None), and the spare. Runs begun before the `one-platform-seam` patch
+        only (workflows/incident/platform.py is the path since)."""
+        replacement = await self.claim(node, ctx, policy)
+        if replacement.node is None:
+            return replacement.detail, None
+        if policy.dry_run:
+            self._steps.skip("wait_for_spare", "dry-run: no spare was brought in")
+            return None, None
+        spare = await self._steps.run(
+            "wait_for_spare",
+            workflow.execute_activity_method(
+                PlatformActivities.wait_for_spare,
+                SpareWaitRequest(node=replacement.node, deadline_seconds=policy.spare_wait_seconds),
+                summary=f"Wait for {replacement.node} to be healthy and in service",
+                start_to_close_timeout=timedelta(seconds=policy.spare_wait_seconds + 60),
+                heartbeat_timeout=HEARTBEAT,
+                retry_policy=SLURM_RETRY,
+            ),
+            done_at=lambda waited: waited.in_service_at,
+        )
+        self._steps.note(spare.detail)
+        return None, spare
+
+    async def claim(self, node: str, ctx: ActionContext, policy: RecoveryPolicy) -> ReplacementResult:
+        """The step that claims and resumes a hot spare, passing over quarantined lemons."""
         lemons = await self._quarantined_spares(policy) if policy.fleet_budget and policy.spare_nodes else []
         request = ReplacementRequest(
             failed_node=node, spare_nodes=[s for s in policy.spare_nodes if s not in lemons], ctx=ctx
@@ -73,25 +97,7 @@ class HotSpares:
             f"{replacement.provider}: {replacement.node or 'none'} ({replacement.detail})"
             + (f"; quarantined spares passed over: {', '.join(lemons)}" if lemons else "")
         )
-        if replacement.node is None:
-            return replacement.detail, None
-        if policy.dry_run:
-            self._steps.skip("wait_for_spare", "dry-run: no spare was brought in")
-            return None, None
-        spare = await self._steps.run(
-            "wait_for_spare",
-            workflow.execute_activity_method(
-                ReplacementActivities.wait_for_spare,
-                SpareWaitRequest(node=replacement.node, deadline_seconds=policy.spare_wait_seconds),
-                summary=f"Wait for {replacement.node} to be healthy and in service",
-                start_to_close_timeout=timedelta(seconds=policy.spare_wait_seconds + 60),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=SLURM_RETRY,
-            ),
-            done_at=lambda waited: waited.in_service_at,
-        )
-        self._steps.note(spare.detail)
-        return None, spare
+        return replacement
 
     async def _quarantined_spares(self, policy: RecoveryPolicy) -> list[str]:
         """The spares that are quarantined lemons, taken from the lease's answer (the lemons when

@@ -10,16 +10,15 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.kubernetes import KubernetesActivities
-    from activities.replacement import ReplacementActivities
+    from activities.platform import PlatformActivities
     from contracts.kubernetes import (
         EvictRequest,
         K8sNodeRequest,
         K8sReplacementRequest,
         K8sSpareWaitRequest,
-        SlurmdPod,
         SlurmdPodRequest,
     )
-    from contracts.models import ActionContext, ActionRecord, RecoveryPolicy, SpareResult
+    from contracts.models import ActionContext, ActionRecord, RecoveryPolicy, SlurmdPod, SpareResult
     from workflows.call_options import K8S_CALL, K8S_EVICTION, K8S_HEARTBEAT, K8S_REPLACEMENT, K8S_RETRY, SLURM_RETRY
     from workflows.incident.steps import Steps
     from workflows.incident.timeline import last_action_at
@@ -150,7 +149,7 @@ class KubernetesNode:
             health = await self._steps.run(
                 "check_spare_health",
                 workflow.execute_activity_method(
-                    ReplacementActivities.check_node_health,
+                    PlatformActivities.check_node_health,
                     spare.node,
                     summary=f"Run the health check hook on {spare.node}",
                     start_to_close_timeout=timedelta(seconds=120),

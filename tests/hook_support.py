@@ -1,4 +1,4 @@
-"""For tests and the benchmark: payloads as each source sends them, and stand-ins for the
+"""For tests and the benchmark (bench/storm.py): payloads as each source sends them, and stand-ins for the
 Temporal side of the intake.
 
 RecordingIncidents keeps incidents the way Temporal would (one running run per node; an ended run
