@@ -6,6 +6,8 @@ on a healthy Node, idle in Slurm, and the operator's health check passes."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from kubernetes.client import ApiClient
 
 from backends.health import HealthCheck
@@ -90,21 +92,23 @@ class SlinkyNodes:
     async def fence(self, req: FenceRequest) -> FenceResult:
         pod = await self.pods.locate(req.node)
         where = f"{pod.namespace}/{pod.name} on Node {pod.node or '(unscheduled)'}"
-        handle = FenceHandle(
+        if pod.node is None:
+            return FenceResult(handle=self._handle(pod, utc_now()), detail=f"{where}: no Node to fence")
+        fenced = await self.fencing.fence(pod.node, req.ctx)
+        # Replacements are newer than this incident's first fence, not than this retry.
+        handle = self._handle(pod, fenced.prior.fenced_at if fenced.prior is not None else utc_now())
+        detail = "; ".join(a.detail for a in fenced.actions) or "already fenced by this incident"
+        return FenceResult(handle=handle, detail=f"{where}: {detail}", actions=fenced.actions)
+
+    def _handle(self, pod: SlurmdPod, fenced_at: datetime) -> FenceHandle:
+        return FenceHandle(
             platform=self.name,
-            slurm_node=req.node,
-            fenced_at=utc_now(),
+            slurm_node=pod.slurm_node,
+            fenced_at=fenced_at,
             spares_on_standby=False,
             pod=pod,
             unfence_node=pod.node,
         )
-        if pod.node is None:
-            return FenceResult(handle=handle, detail=f"{where}: no Node to fence")
-        fenced = await self.fencing.fence(pod.node, req.ctx)
-        if fenced.prior is not None:  # replacements are newer than this incident's first fence, not this retry
-            handle.fenced_at = fenced.prior.fenced_at
-        detail = "; ".join(a.detail for a in fenced.actions) or "already fenced by this incident"
-        return FenceResult(handle=handle, detail=f"{where}: {detail}", actions=fenced.actions)
 
     async def release(self, req: ReleaseRequest, progress: Progress) -> ReleaseResult:
         _, pod = self._fenced(req.handle)
