@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
+from typing import get_args
 
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
@@ -40,6 +41,7 @@ from backends.health import HealthCheck
 from backends.kubernetes import load_api_client
 from backends.replacement import BareSlurm
 from backends.slurm import SlurmCli, SlurmClient, SlurmRest, SlurmUnavailable, TokenFile, Unsupported
+from backends.slurm.api import SlurmOperation
 from contracts import search_attributes
 from contracts.audit import configure_sink, remove_sink
 from contracts.k8s_settings import KubernetesSettings
@@ -136,7 +138,9 @@ def slurmrestd_token(settings: Settings) -> str | TokenFile | None:
 
 
 async def build_slurm(settings: Settings, stack: AsyncExitStack) -> SlurmClient:
-    cli = SlurmCli(slurm_conf=settings.slurm_conf, bin_dir=settings.slurm_bin_dir)
+    """slurmrestd where its version can, the CLI for the rest; with RECOVERY_SLURM_CLI=false slurmrestd
+    alone, which must then be reachable and able to do everything (ConfigError if it cannot)."""
+    cli = SlurmCli(slurm_conf=settings.slurm_conf, bin_dir=settings.slurm_bin_dir) if settings.slurm_cli else None
     token = slurmrestd_token(settings)
     if not (settings.slurmrestd_url and token):
         return SlurmClient(cli)
@@ -145,12 +149,26 @@ async def build_slurm(settings: Settings, stack: AsyncExitStack) -> SlurmClient:
     try:
         version = await rest.discover()
     except (SlurmUnavailable, Unsupported) as e:
+        if cli is None:
+            raise ConfigError(f"RECOVERY_SLURM_CLI=false, and slurmrestd at {settings.slurmrestd_url}: {e}") from e
         log.warning(
             "slurmrestd at %s not usable (%s): every Slurm call goes through the CLI", settings.slurmrestd_url, e
         )
         return SlurmClient(cli)
-    log.info("slurmrestd %s at %s; node updates and requeue go through the CLI", version, settings.slurmrestd_url)
-    return SlurmClient(cli, rest)
+    client = SlurmClient(cli, rest)
+    if missing := client.without_a_path():
+        raise ConfigError(
+            f"RECOVERY_SLURM_CLI=false, and slurmrestd {version} cannot {', '.join(missing)}: "
+            "it needs v0.0.45 (Slurm 26.05 or later), or the Slurm commands"
+        )
+    cli_ops = [op for op in get_args(SlurmOperation) if client.path_for(op) == "cli"]
+    log.info(
+        "slurmrestd %s at %s; %s",
+        version,
+        settings.slurmrestd_url,
+        f"through the CLI: {', '.join(cli_ops)}" if cli_ops else "no Slurm command is run",
+    )
+    return client
 
 
 def activities_for(
@@ -325,7 +343,11 @@ async def main() -> None:
                 )
         if settings.audit_log is not None:
             stack.callback(remove_sink, configure_sink(settings.audit_log))
-        slurm = await build_slurm(settings, stack)
+        try:
+            slurm = await build_slurm(settings, stack)
+        except ConfigError as e:
+            print(f"worker: {e}", file=sys.stderr)
+            sys.exit(EXIT_BAD_CONFIG)
         async with serving(
             client,
             settings,

@@ -80,6 +80,7 @@ class BadInput(Exception):
 class SlurmVersion(str, Enum):
     v22_05 = "22.05"
     v24_11 = "24.11"
+    v26_05 = "26.05"
 
 
 class StackAction(str, Enum):
@@ -218,6 +219,7 @@ async def _drill(opts: DrillOptions, as_json: bool, slurm_version: str | None, s
         _print_json({**result.as_json(), "report_html": str(html)})
     else:
         print(render_report(result.report))
+        print(f"  Slurm {result.slurm_version or 'unknown'}, slurmrestd {result.slurmrestd_version or 'not used'}")
         for check in result.checks:
             print(f"  [{'ok' if check.passed else 'FAILED'}] {check.name}: {check.detail}")
         print(f"HTML report: {html}")

@@ -112,6 +112,11 @@ class Settings(BaseSettings):
         description="a file holding the slurmrestd JWT (instead of SLURMRESTD_TOKEN), read again whenever it "
         "changes, so that a renewer can replace a short-lived token without a restart",
     )
+    slurm_cli: bool = Field(
+        True,
+        description="false: never run a Slurm command; every call goes to slurmrestd, which must serve "
+        "v0.0.45 (Slurm 26.05 or later), so the worker needs no Slurm client installed",
+    )
 
     xid_policy_file: Path = DEFAULT_XID_POLICY
     owner: str = "recovery"
@@ -246,6 +251,12 @@ class Settings(BaseSettings):
     def _one_slurmrestd_token(self) -> Settings:
         if self.slurmrestd_token is not None and self.slurmrestd_token_file is not None:
             raise ValueError("set SLURMRESTD_TOKEN or SLURMRESTD_TOKEN_FILE, not both")
+        if not self.slurm_cli and not (
+            self.slurmrestd_url and (self.slurmrestd_token is not None or self.slurmrestd_token_file is not None)
+        ):
+            raise ValueError(
+                "RECOVERY_SLURM_CLI=false needs slurmrestd: set SLURMRESTD_URL and SLURMRESTD_TOKEN(_FILE)"
+            )
         return self
 
     @field_validator("spare_nodes")

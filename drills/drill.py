@@ -30,7 +30,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
 from activities.xid_policy import XidPolicyTable
 from backends.replacement import SPARE_STANDBY_REASON
-from backends.slurm import SlurmCli, SlurmCommandError
+from backends.slurm import SlurmCli, SlurmCommandError, SlurmError, SlurmRest, TokenFile
 from contracts.k8s_settings import KubernetesSettings
 from contracts.models import (
     FaultClass,
@@ -82,6 +82,10 @@ class DrillResult(BaseModel):
     run_dir: str
     corrupted_checkpoint: str | None = None
     checks: list[DrillCheck] = Field(default_factory=list)
+    # the exact Slurm the drill ran on (sid's moves on from day to day) and the slurmrestd API
+    # version a worker picks on it; each action's path is in the report's actions
+    slurm_version: str = ""
+    slurmrestd_version: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -96,6 +100,8 @@ class DrillResult(BaseModel):
                 "run_dir": self.run_dir,
                 "corrupted_checkpoint": self.corrupted_checkpoint,
                 "checks": [c.model_dump() for c in self.checks],
+                "slurm_version": self.slurm_version,
+                "slurmrestd_version": self.slurmrestd_version,
             },
         }
 
@@ -215,7 +221,22 @@ class Drill:
             run_dir=str(run.run_dir),
             corrupted_checkpoint=run.corrupted,
             checks=checks,
+            slurm_version=self.cluster.get("SLURM_VERSION", ""),
+            slurmrestd_version=await self.slurmrestd_version(),
         )
+
+    async def slurmrestd_version(self) -> str | None:
+        """The API version a worker picks on this cluster's slurmrestd (None: it has none that works)."""
+        url, token_file = self.cluster.get("SLURMRESTD_URL"), self.cluster.get("SLURMRESTD_TOKEN_FILE")
+        if not (url and token_file):
+            return None
+        rest = SlurmRest(url, self.cluster.get("SLURMRESTD_USER", "root"), TokenFile(Path(token_file)))
+        try:
+            return await rest.discover()
+        except SlurmError:
+            return None
+        finally:
+            await rest.aclose()
 
     # --- set-up --------------------------------------------------------------------------------
 

@@ -2,9 +2,9 @@
 local Slurm cluster (deploy/local/slurm-cluster.sh) and a worker process. Starting is idempotent:
 only what is missing is started. Every process is tracked by a pid file under the state dir.
 
-The cluster runs the host's Slurm generation, or (slurm_version) the other one from a Debian
+The cluster runs the host's Slurm generation, or (slurm_version) another one from a Debian
 root of the release that ships it (deploy/local/slurm-root.sh), on ports of its own, so that
-both generations can run side by side on one machine.
+every generation can run side by side on one machine.
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ HEALTH_SCRIPT = REPO / "deploy" / "local" / "gpu-health.sh"
 ROOT_SCRIPT = REPO / "deploy" / "local" / "slurm-root.sh"
 # Where the Debian roots of other Slurm generations are built once and kept.
 ROOT_CACHE = Path("/var/cache/training-recovery")
-# The Debian release whose packages give each supported Slurm generation.
-DEBIAN_RELEASE_OF_GENERATION = {"22.05": "bookworm", "24.11": "trixie"}
-# The other generation's cluster listens this far above slurm_port_base.
+# The Debian release whose packages give each supported Slurm generation, oldest first (sid is
+# unstable: its Slurm moves on, and each run records the exact version it used).
+DEBIAN_RELEASE_OF_GENERATION = {"22.05": "bookworm", "24.11": "trixie", "26.05": "sid"}
+# A cluster from a Debian root listens this far above slurm_port_base, times the generation's
+# place in DEBIAN_RELEASE_OF_GENERATION (counted from 1): each generation has ports of its own.
 OTHER_GENERATION_PORT_OFFSET = 1000
 # The local stack's one operator: approvals, resets and releases on it are signed with its key.
 OPERATOR = "local-operator"
@@ -48,8 +50,8 @@ class LocalStack:
     # the host generation's Slurm ports start here; the other generation's 1000 above
     slurm_port_base: int = field(default_factory=lambda: int(_env("RECOVERY_LOCAL_SLURM_PORT_BASE", "16800")))
     task_queue: str = "training-recovery"
-    # None: the host's Slurm; "22.05" or "24.11": that generation, from a Debian root if the
-    # host's is the other one
+    # None: the host's Slurm; "22.05", "24.11" or "26.05": that generation, from a Debian root
+    # unless it is the host's
     slurm_version: str | None = None
     # the cluster's size (deploy/local/slurm-cluster.sh's SLURM_NODES, SLURM_SPARES); None: its default
     slurm_nodes: int | None = None
@@ -82,15 +84,18 @@ class LocalStack:
 
     @property
     def slurm_base(self) -> Path:
-        # the other generation's cluster has a base of its own, so both run from one state dir
+        # a cluster from a root has a base of its own, so every generation runs from one state dir
         if self.slurm_root is None:
             return self.state_dir / "slurm"
         return self.state_dir / f"slurm-{self.slurm_generation}"
 
     @property
     def cluster_port_base(self) -> int:
-        """The cluster's SLURM_PORT_BASE: the other generation's sits above the host's."""
-        return self.slurm_port_base + (0 if self.slurm_root is None else OTHER_GENERATION_PORT_OFFSET)
+        """The cluster's SLURM_PORT_BASE: a root's generation sits above the host's."""
+        if self.slurm_root is None:
+            return self.slurm_port_base
+        place = list(DEBIAN_RELEASE_OF_GENERATION).index(self.slurm_generation) + 1
+        return self.slurm_port_base + place * OTHER_GENERATION_PORT_OFFSET
 
     @property
     def fault_dir(self) -> Path:

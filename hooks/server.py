@@ -22,7 +22,7 @@ from temporalio.client import Client
 
 from activities.xid_policy import XidPolicyTable
 from backends.slurm.cli import SlurmCli
-from backends.slurm.client import SlurmClient
+from backends.slurm.rest import SlurmRest
 from contracts.models import FaultClass
 from contracts.settings import ConfigError, Settings
 from hooks.app import ASGIApp, HookApp
@@ -32,7 +32,7 @@ from hooks.inventory import EveryNode, NodeInventory, SlurmInventory
 from hooks.protocol import ConnectionLimits, guarded_protocol
 from hooks.settings import HookSettings
 from hooks.temporal import CLIENT_OPTIONS, TemporalIncidents
-from worker import connect
+from worker import connect, slurmrestd_token
 
 log = logging.getLogger("training_recovery.hooks")
 
@@ -52,20 +52,31 @@ def check_secondary_xids(settings: Settings, hook: HookSettings) -> None:
 
 
 def node_inventory(settings: Settings, hook: HookSettings) -> NodeInventory:
-    """The cluster's nodes as RECOVERY_HOOKS_INVENTORY says; unset, Slurm's when SLURM_CONF says where
-    Slurm is. Off by default otherwise: a hook on a host with no Slurm configuration would fail
-    closed and refuse every alert."""
-    if (hook.inventory or ("slurm" if settings.slurm_conf else "off")) == "off":
+    """The cluster's nodes as RECOVERY_HOOKS_INVENTORY says; unset, Slurm's when SLURM_CONF (or, with
+    RECOVERY_SLURM_CLI=false, slurmrestd) says where Slurm is. Off by default otherwise: a hook on a
+    host with no Slurm configuration would fail closed and refuse every alert."""
+    knows_slurm = settings.slurm_conf or not settings.slurm_cli
+    if (hook.inventory or ("slurm" if knows_slurm else "off")) == "off":
         if hook.inventory is None:
             log.warning(
                 "no SLURM_CONF and RECOVERY_HOOKS_INVENTORY unset: alerts on nodes the cluster does not "
                 "have are not refused"
             )
         return EveryNode()
-    slurm = SlurmClient(SlurmCli(slurm_conf=settings.slurm_conf, bin_dir=settings.slurm_bin_dir))
+    if settings.slurm_cli:
+        cli = SlurmCli(slurm_conf=settings.slurm_conf, bin_dir=settings.slurm_bin_dir)
 
-    async def node_names() -> list[str]:
-        return [node.name for node in await slurm.list_nodes()]
+        async def node_names() -> list[str]:
+            return [node.name for node in await cli.list_nodes()]
+
+    else:
+        # Settings checked that slurmrestd is configured; its version is found at the first read.
+        rest = SlurmRest(settings.slurmrestd_url or "", settings.slurmrestd_user, slurmrestd_token(settings) or "")
+
+        async def node_names() -> list[str]:
+            if rest.version is None:
+                await rest.discover()
+            return [node.name for node in await rest.list_nodes()]
 
     return SlurmInventory(node_names, hook.inventory_ttl_seconds)
 

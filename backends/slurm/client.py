@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import copy
+from typing import get_args
 
-from backends.slurm.api import NodeUpdate, SlurmBackend, SlurmOperation
+from backends.slurm.api import NodeUpdate, SlurmBackend, SlurmOperation, Unsupported
 from contracts.models import Invocation, SlurmJob, SlurmNode, SlurmPath
 
 
 class SlurmClient:
-    """Prefers slurmrestd (when configured and able) and falls back to the CLI per operation."""
+    """Prefers slurmrestd (when configured and able) and falls back to the CLI per operation.
+    Without a CLI (a worker with no Slurm commands), an operation slurmrestd cannot do is refused."""
 
-    def __init__(self, cli: SlurmBackend, rest: SlurmBackend | None = None):
+    def __init__(self, cli: SlurmBackend | None, rest: SlurmBackend | None = None):
         self.cli, self.rest = cli, rest
 
     def planning(self) -> SlurmClient:
@@ -23,7 +25,9 @@ class SlurmClient:
             twin.dry_run = True
             return twin
 
-        return SlurmClient(planned(self.cli), planned(self.rest) if self.rest is not None else None)
+        return SlurmClient(
+            planned(self.cli) if self.cli is not None else None, planned(self.rest) if self.rest is not None else None
+        )
 
     def acting(self, dry_run: bool) -> SlurmClient:
         """This client, or its planning twin for an incident in dry-run."""
@@ -32,7 +36,15 @@ class SlurmClient:
     def backend_for(self, operation: SlurmOperation) -> SlurmBackend:
         if self.rest is not None and self.rest.supports(operation):
             return self.rest
+        if self.cli is None:
+            raise Unsupported(f"{operation} needs the Slurm commands, and this client has none")
         return self.cli
+
+    def without_a_path(self) -> list[SlurmOperation]:
+        """The operations neither backend can do: none while there is a CLI."""
+        return [
+            op for op in get_args(SlurmOperation) if self.cli is None and not (self.rest and self.rest.supports(op))
+        ]
 
     def path_for(self, operation: SlurmOperation) -> SlurmPath:
         return self.backend_for(operation).path

@@ -20,19 +20,26 @@ from backends.slurm.parse import job_from_json, node_from_json
 from contracts.models import Invocation, SlurmJob, SlurmNode
 
 _JOB_READS = frozenset({"ping", "list_jobs", "get_job"})
-_READS = _JOB_READS | {"get_node"}
+_READS = _JOB_READS | {"get_node", "list_nodes"}
 _NODE_UPDATES = frozenset({"update_node", "set_node_comment"})
 _JOB_UPDATES = frozenset({"set_excluded_nodes", "release_job"})
-# What each OpenAPI version of slurmrestd can do for a recovery (measured on 22.05.8 and 24.11.5).
-# No version can requeue a job: that always goes through the CLI. v0.0.38 (22.05) cannot update
-# nodes, and its node schema has no `comment` (where a spare's claim is kept): nodes are read
-# with the CLI there. v0.0.40 and v0.0.41 answer a failed signal with HTTP 200 and no error at all, so signals
-# go over REST only with v0.0.42, which reports the failure in `status[]`.
+# What each OpenAPI version of slurmrestd can do for a recovery (measured on 22.05.8, 24.11.5 and
+# 26.05.5). v0.0.38 (22.05) cannot update nodes, and its node schema has no `comment` (where a
+# spare's claim is kept): nodes are read with the CLI there. v0.0.40 and v0.0.41 answer a failed
+# signal with HTTP 200 and no error at all, so signals go over REST from v0.0.42 on, which reports
+# the failure in `status[]` (as v0.0.43-45 do). A job's pin (required_nodes) is set over REST from
+# v0.0.43 on (measured on 26.05; on 24.11 it stays with scontrol). Only v0.0.45 (26.05) can
+# requeue a job (POST /jobs/requeue with Hold): on it every operation has a REST path, and a worker
+# can run with no Slurm commands at all (RECOVERY_SLURM_CLI=false).
+_CURRENT = _READS | _NODE_UPDATES | _JOB_UPDATES | {"signal_job", "set_required_nodes"}
 KNOWN_VERSIONS: dict[str, frozenset[str]] = {
     "v0.0.38": _JOB_READS | {"signal_job"},
     "v0.0.40": _READS | _NODE_UPDATES | _JOB_UPDATES,
     "v0.0.41": _READS | _NODE_UPDATES | _JOB_UPDATES,
     "v0.0.42": _READS | _NODE_UPDATES | _JOB_UPDATES | {"signal_job"},
+    "v0.0.43": _CURRENT,
+    "v0.0.44": _CURRENT,
+    "v0.0.45": _CURRENT | {"requeue_hold"},
 }
 
 
@@ -48,6 +55,7 @@ ENDPOINTS: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
     # node with some CPUs allocated as MIXED, even a DOWN one (node_info.c _set_node_mixed_op):
     # an eviction waited minutes for a node that was DOWN and empty. Every full listing recomputes.
     "get_node": ("GET", "/nodes", (), ()),
+    "list_nodes": ("GET", "/nodes", (), ()),
     "list_jobs": ("GET", "/jobs", (), ()),
     "get_job": ("GET", "/job/{job_id}", (), ()),
     "update_node": ("POST", "/node/{node_name}", (), ("state", "reason")),
@@ -55,6 +63,8 @@ ENDPOINTS: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
     "signal_job": ("DELETE", "/job/{job_id}", ("signal", "flags"), ()),
     "set_excluded_nodes": ("POST", "/job/{job_id}", (), ("excluded_nodes",)),
     "release_job": ("POST", "/job/{job_id}", (), ("hold",)),
+    "set_required_nodes": ("POST", "/job/{job_id}", (), ("required_nodes",)),
+    "requeue_hold": ("POST", "/jobs/requeue", (), ("jobs", "flags")),
 }
 
 
@@ -67,6 +77,12 @@ def _says_not_found(error: dict[str, Any]) -> bool:
         or "Invalid node name" in text
         or (text.strip().startswith("No error Failure to query node") and not error.get("error_number"))
     )
+
+
+def _answers(ping: dict[str, Any]) -> bool:
+    if "responding" in ping:
+        return ping["responding"] is True
+    return ping.get("pinged", ping.get("ping")) == "UP"
 
 
 class TokenFile:
@@ -131,9 +147,10 @@ class SlurmRest:
         if not usable:
             raise Unsupported(f"slurmrestd serves {sorted(served)}; this client knows {sorted(KNOWN_VERSIONS)}")
         self.version = usable[-1]
-        # 24.11 answers a ping with a bad token 200, saying slurmctld is DOWN
+        # 24.11 and 26.05 answer a ping with a bad token 200, saying slurmctld is DOWN (`pinged`,
+        # until v0.0.44) or not responding (v0.0.45 has only `responding`, and a `status`)
         pings = (await self._call("ping")).get("pings") or []
-        if not pings or any(p.get("pinged", p.get("ping")) != "UP" for p in pings):
+        if not pings or not all(_answers(p) for p in pings):
             raise SlurmUnavailable(f"slurmctld does not answer through slurmrestd (token refused?): {pings}")
         return self.version
 
@@ -191,6 +208,10 @@ class SlurmRest:
                 return node_from_json(raw)
         raise SlurmNotFound(f"node {name} is not in this cluster")
 
+    async def list_nodes(self) -> list[SlurmNode]:
+        body = await self._call("list_nodes")
+        return [node_from_json(raw) for raw in body.get("nodes") or []]
+
     async def list_jobs(self) -> list[SlurmJob]:
         body = await self._call("list_jobs")
         return [job_from_json(raw) for raw in body.get("jobs") or []]
@@ -228,14 +249,20 @@ class SlurmRest:
         return call
 
     async def requeue_hold(self, job_id: int) -> Invocation:
-        raise Unsupported("slurmrestd has no requeue")
+        # As `scontrol requeuehold`: a job not running (pending, say) is refused, with 422.
+        body, call = await self._write("requeue_hold", body={"jobs": [str(job_id)], "flags": ["Hold"]})
+        failures = [entry for batch in body.get("status") or [] for entry in batch if entry.get("error_code")]
+        if failures:
+            raise SlurmError(f"requeue of job {job_id} failed: {failures}")
+        return call
 
     async def set_excluded_nodes(self, job_id: int, nodes: list[str]) -> Invocation:
         return (await self._write("set_excluded_nodes", body={"excluded_nodes": nodes}, job_id=job_id))[1]
 
     async def set_required_nodes(self, job_id: int, nodes: list[str]) -> Invocation:
-        # Unmeasured over REST (clearing a pin with an empty list above all): scontrol, as measured.
-        raise Unsupported("a job's pin is set with scontrol")
+        # An empty list is ignored (200, no error, the pin kept: measured on 26.05.5, v0.0.42-45);
+        # one empty name clears the pin, as `scontrol update ReqNodeList=` does.
+        return (await self._write("set_required_nodes", body={"required_nodes": nodes or [""]}, job_id=job_id))[1]
 
     async def release_job(self, job_id: int) -> Invocation:
         # Releases a job held by `scontrol requeuehold` as `scontrol release` does (measured on 24.11).

@@ -340,6 +340,19 @@ start_node() {
   echo $! > "$pidfile"
 }
 
+# Sets RESTD, slurmrestd's command line as this generation lets it run. It refuses to run as root
+# (22.05) or as SlurmUser (24.11; SlurmUser=root here) unless told not to check: as another user
+# (-u slurm) it could not read a slurm.conf under a private directory (such as pytest's tmp_path).
+# 26.05 makes that switch fatal (measured on 26.05.5): there it runs as the packages'
+# unprivileged slurm user, which must be able to read BASE.
+restd_command() {
+  if version_at_least 26.05; then
+    RESTD=(env "SLURM_CONF=$CONF" "${IN_ROOT[@]}" slurmrestd -u slurm -g slurm)
+  else
+    RESTD=(env "SLURM_CONF=$CONF" SLURMRESTD_SECURITY=disable_user_check "${IN_ROOT[@]}" slurmrestd)
+  fi
+}
+
 # The REST API plugins (-s) and the newest API version this slurmrestd serves. 22.05 has one
 # plugin per API version (openapi/v0.0.36-38; the dbv0.0.x ones need slurmdbd); from 23.02
 # on, openapi/slurmctld serves every version of its data parsers (24.11: v0.0.40-42).
@@ -347,13 +360,13 @@ restd_plugins() {
   if version_at_least 23.02; then
     echo openapi/slurmctld
   else
-    SLURMRESTD_SECURITY=disable_user_check slurm slurmrestd -s list 2>&1 | grep -o 'openapi/v0\.0\.[0-9]*' | sort -uV | paste -sd, -
+    restd_command; "${RESTD[@]}" -s list 2>&1 | grep -o 'openapi/v0\.0\.[0-9]*' | sort -uV | paste -sd, -
   fi
 }
 
 restd_newest_version() {
   if version_at_least 23.02; then
-    SLURMRESTD_SECURITY=disable_user_check slurm slurmrestd -d list 2>&1 | grep -o 'v0\.0\.[0-9]*' | sort -V | tail -1
+    restd_command; "${RESTD[@]}" -d list 2>&1 | grep -o 'v0\.0\.[0-9]*' | sort -V | tail -1
   else
     restd_plugins | tr ',' '\n' | sort -V | tail -1 | sed 's#openapi/##'
   fi
@@ -362,11 +375,9 @@ restd_newest_version() {
 start_slurmrestd() {
   local pidfile="$BASE/run/slurmrestd.pid"
   alive "$pidfile" && return 0
-  # JWT needs SLURM_JWT=daemon. slurmrestd refuses to run as root (22.05) or as SlurmUser
-  # (24.11; SlurmUser=root here) unless told not to check: as another user (-u slurm) it could
-  # not read a slurm.conf under a private directory (such as pytest's tmp_path).
-  SLURM_CONF=$CONF SLURM_JWT=daemon SLURMRESTD_SECURITY=disable_user_check setsid "${IN_ROOT[@]}" \
-    slurmrestd -a rest_auth/jwt -s "$(restd_plugins)" "127.0.0.1:$RESTD_PORT" \
+  # JWT needs SLURM_JWT=daemon
+  restd_command
+  SLURM_JWT=daemon setsid "${RESTD[@]}" -a rest_auth/jwt -s "$(restd_plugins)" "127.0.0.1:$RESTD_PORT" \
     </dev/null >>"$BASE/log/slurmrestd.log" 2>&1 &
   echo $! > "$pidfile"
 }

@@ -10,6 +10,11 @@
 # reference training job runs inside the root). A ROOT of another release, or broken, is
 # deleted and built again, never while anything is mounted under it or running from it.
 # Knob: DEBIAN_MIRROR (http://deb.debian.org/debian).
+#
+# RELEASE may be sid (unstable, which has Slurm 26.05): its roots say "forky/sid" in
+# /etc/debian_version, and mirrors have been measured serving a sid InRelease whose Valid-Until
+# lay weeks in the past, which apt refuses unless told not to check it (sid is built once here and
+# kept; the run records the exact Slurm version it used).
 set -euo pipefail
 
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -54,6 +59,9 @@ remove_tree() {
 
 in_root() { unshare --mount-proc="$ROOT/proc" -- chroot "$ROOT" "$@"; }
 
+APT_OPTIONS=()
+[ "$RELEASE" = sid ] && APT_OPTIONS=(-o Acquire::Check-Valid-Until=false)
+
 sync_host_files() {
   # minbase has no /etc/hosts: munge and Slurm resolve this machine's names through it
   cp /etc/hosts "$ROOT/etc/hosts"
@@ -65,7 +73,13 @@ is_ready() {
     in_root slurmctld -V >/dev/null 2>&1 && in_root python3 -c 'import json, hashlib, shutil, secrets, argparse' 2>/dev/null
 }
 
-codename() { sed -n 's/^VERSION_CODENAME=//p' "$ROOT/etc/os-release" 2>/dev/null; }
+# The release the root holds: a codename, or sid for unstable (whose os-release names the next codename).
+codename() {
+  case "$(cat "$ROOT/etc/debian_version" 2>/dev/null)" in
+    */sid) echo sid ;;
+    *) sed -n 's/^VERSION_CODENAME=//p' "$ROOT/etc/os-release" 2>/dev/null ;;
+  esac
+}
 
 ensure_debootstrap() {
   command -v debootstrap >/dev/null && return 0
@@ -92,8 +106,8 @@ provision() {
   chmod 0755 "$ROOT/usr/sbin/policy-rc.d"
   echo "deb $MIRROR $RELEASE main" > "$ROOT/etc/apt/sources.list"
   sync_host_files
-  in_root apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive in_root apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" \
+  in_root apt-get "${APT_OPTIONS[@]}" update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive in_root apt-get "${APT_OPTIONS[@]}" install -y -qq --no-install-recommends "${PACKAGES[@]}" \
     >"$ROOT.install.log" 2>&1 || die "package installation failed: see $ROOT.install.log"
   # the package cache and lists are half the root's size and are fetched again when needed
   in_root apt-get clean

@@ -7,15 +7,20 @@ from pathlib import Path
 
 import pytest
 
+from contracts.settings import ConfigError
 from drills.drill import DrillOptions
+from tests.integration.conftest import fleet
 from tests.integration.test_fleet_budget import local_activities, workflow_tasks
 from trainer import checkpoint as ckpt
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]
 
 
-# Which path each action takes, per Slurm generation (the README's table).
-NODE_UPDATE_PATH = {"22.05": "cli", "24.11": "rest"}
+# Which path each action takes, per Slurm generation (the README's table), and the slurmrestd API
+# version a worker picks there.
+NODE_UPDATE_PATH = {"22.05": "cli", "24.11": "rest", "26.05": "rest"}
+REQUEUE_PATH = {"22.05": "cli", "24.11": "cli", "26.05": "rest"}
+REST_VERSION = {"22.05": "v0.0.38", "24.11": "v0.0.42", "26.05": "v0.0.45"}
 
 
 async def test_xid79_drill_recovers_the_job_from_its_latest_complete_checkpoint(drill, recovery_worker, local_stack):
@@ -70,11 +75,36 @@ async def test_xid79_drill_recovers_the_job_from_its_latest_complete_checkpoint(
     node_path = NODE_UPDATE_PATH[local_stack.slurm_generation]
     assert [actions[a].path for a in ("drain_node", "down_node", "claim_spare", "resume_spare")] == [node_path] * 4
     assert actions["signal_job"].path == "rest"
-    assert actions["requeue_hold"].path == "cli"  # no slurmrestd version can requeue
+    assert actions["requeue_hold"].path == REQUEUE_PATH[local_stack.slurm_generation]
     assert {actions[a].path for a in ("exclude_nodes", "release_job")} == {node_path}
+    # The run says on which Slurm, exactly, and which slurmrestd API version.
+    assert result.slurm_version.startswith(local_stack.slurm_generation + ".")
+    assert result.slurmrestd_version == REST_VERSION[local_stack.slurm_generation]
     assert all(a.actor.startswith("drill by ") for a in r.actions)
     resumes = ckpt.read_resume_records(Path(result.run_dir))
     assert [rec["restart_count"] for rec in resumes] == [0, 1]
+
+
+async def test_a_worker_with_no_slurm_commands_recovers_over_rest_alone_on_26_05(
+    temporal_env, local_stack, slurm_cluster
+):
+    """RECOVERY_SLURM_CLI=false: the worker builds no Slurm CLI backend at all. On 26.05 (slurmrestd
+    v0.0.45, which can requeue) the whole recovery runs over REST; an older slurmrestd cannot
+    requeue, and the worker refuses to start, saying what it lacks."""
+    if REQUEUE_PATH[local_stack.slurm_generation] != "rest":
+        with pytest.raises(ConfigError, match="requeue_hold"):
+            async with fleet(temporal_env, local_stack, slurm_cluster, slurm_cli=False):
+                pass
+        return
+    async with fleet(temporal_env, local_stack, slurm_cluster, slurm_cli=False) as rest_only:
+        result = await rest_only.drill.run(DrillOptions(xid=79))
+    r = result.report
+    assert r.outcome == "recovered" and result.passed, r.model_dump_json(indent=1)
+    [job] = r.jobs
+    assert job.restart_count == 1 and job.verified
+    slurm_writes = [a for a in r.actions if a.path in ("cli", "rest")]
+    assert {a.action for a in slurm_writes} >= {"drain_node", "signal_job", "requeue_hold", "release_job", "down_node"}
+    assert {a.path for a in slurm_writes} == {"rest"}, [(a.action, a.path) for a in slurm_writes]
 
 
 async def test_the_node_is_fenced_and_its_lease_asked_within_the_incidents_first_workflow_task(drill, recovery_worker):
@@ -206,7 +236,13 @@ async def test_dry_run_describes_every_action_and_changes_nothing(drill, recover
         "resume_spare",
     } <= set(intended)
     assert not any(a.executed for a in r.intended_actions)
-    assert intended["requeue_hold"].command == f"scontrol requeuehold {result.job_id}"
+    assert (
+        intended["requeue_hold"].command
+        == {
+            "cli": f"scontrol requeuehold {result.job_id}",
+            "rest": f'POST /slurm/v0.0.45/jobs/requeue {{"flags": ["Hold"], "jobs": ["{result.job_id}"]}}',
+        }[REQUEUE_PATH[local_stack.slurm_generation]]
+    )
     drain = intended["drain_node"].command
     if NODE_UPDATE_PATH[local_stack.slurm_generation] == "cli":
         assert drain.startswith(f"scontrol update NodeName={r.node} State=DRAIN 'Reason=recovery: XID 79")

@@ -65,10 +65,14 @@ async def test_each_operation_takes_the_path_its_version_allows(backends):
         "set_excluded_nodes",
         "release_job",
         "set_node_comment",
+        "set_required_nodes",
+        "list_nodes",
     ):
         expected = "rest" if operation in KNOWN_VERSIONS[rest.version] else "cli"
         assert client.path_for(operation) == expected, operation
-    assert client.path_for("requeue_hold") == "cli"  # no slurmrestd version can requeue
+    # only v0.0.45 (26.05) can requeue: there no operation needs the Slurm commands
+    assert client.path_for("requeue_hold") == ("rest" if rest.version == "v0.0.45" else "cli")
+    assert (SlurmClient(None, rest).without_a_path() == []) is (rest.version == "v0.0.45")
 
 
 async def test_drain_and_resume_round_trip_with_reason(backends):
@@ -139,30 +143,44 @@ def _response_items(doc: dict, operation: dict, key: str) -> dict:
     return _resolve(doc, listing["items"])["properties"]
 
 
-async def test_every_request_matches_the_served_openapi_document(backends, openapi):
-    _, rest, _ = backends
-    for operation in KNOWN_VERSIONS[rest.version]:
-        method, path, query, body = ENDPOINTS[operation]
-        op = _operation(openapi, rest.version, method, path)
-        served_query = {p["name"] for p in op.get("parameters", []) if p["in"] == "query"}
-        sent_query = {q for q in query if not (q == "flags" and rest.version == "v0.0.38")}
-        assert sent_query <= served_query, (operation, sent_query - served_query)
-        if body:
-            schema = _resolve(openapi, op["requestBody"]["content"]["application/json"]["schema"])
-            assert set(body) <= set(schema["properties"]), (operation, set(body) - set(schema["properties"]))
+def _known_and_served(openapi: dict) -> list[str]:
+    """Every API version this client knows that the server serves: a cluster may be answered in any
+    of them (the newest is picked, but an older client of the same server keeps working)."""
+    served = {p.split("/")[2] for p in openapi["paths"] if p.startswith("/slurm/v")}
+    known = sorted(served & KNOWN_VERSIONS.keys())
+    assert known, served
+    return known
 
 
-async def test_every_field_read_is_in_the_served_response_schemas(backends, openapi):
-    _, rest, _ = backends
-    jobs = _response_items(openapi, _operation(openapi, rest.version, "GET", "/jobs"), "jobs")
-    assert set(JOB_FIELDS) <= set(jobs), set(JOB_FIELDS) - set(jobs)
-    if rest.supports("get_node"):
-        nodes = _response_items(openapi, _operation(openapi, rest.version, *ENDPOINTS["get_node"][:2]), "nodes")
-        assert set(NODE_FIELDS) <= set(nodes), set(NODE_FIELDS) - set(nodes)
+async def test_every_request_matches_the_served_openapi_document(openapi):
+    for version in _known_and_served(openapi):
+        for operation in KNOWN_VERSIONS[version]:
+            method, path, query, body = ENDPOINTS[operation]
+            op = _operation(openapi, version, method, path)
+            served_query = {p["name"] for p in op.get("parameters", []) if p["in"] == "query"}
+            sent_query = {q for q in query if not (q == "flags" and version == "v0.0.38")}
+            assert sent_query <= served_query, (version, operation, sent_query - served_query)
+            if body:
+                schema = _resolve(openapi, op["requestBody"]["content"]["application/json"]["schema"])
+                sent = set(body) - set(schema["properties"])
+                assert not sent, (version, operation, sent)
+
+
+async def test_every_field_read_is_in_the_served_response_schemas(openapi):
+    for version in _known_and_served(openapi):
+        jobs = _response_items(openapi, _operation(openapi, version, "GET", "/jobs"), "jobs")
+        assert set(JOB_FIELDS) <= set(jobs), (version, set(JOB_FIELDS) - set(jobs))
+        if "get_node" in KNOWN_VERSIONS[version]:
+            nodes = _response_items(openapi, _operation(openapi, version, *ENDPOINTS["get_node"][:2]), "nodes")
+            assert set(NODE_FIELDS) <= set(nodes), (version, set(NODE_FIELDS) - set(nodes))
+
+
+# Whether a node keeps its drain reason after RESUME, by generation (measured).
+REASON_KEPT_AFTER_RESUME = {"22.05": False, "24.11": True, "26.05": False}
 
 
 async def test_a_resumed_node_is_in_service_whatever_reason_slurm_keeps(backends, local_stack):
-    """24.11 keeps the drain reason after RESUME (22.05 clears it): state, not reason, decides."""
+    """24.11 keeps the drain reason after RESUME (22.05 and 26.05 clear it): state, not reason, decides."""
     from backends.replacement import SPARE_STANDBY_REASON, HotSparePool
     from contracts.models import ActionContext
     from drills.localstack import wait_async
@@ -176,7 +194,7 @@ async def test_a_resumed_node_is_in_service_whatever_reason_slurm_keeps(backends
         return node if node.in_service else None
 
     node = await wait_async(in_service, 30, f"{COMPUTE_NODE} back in service")
-    kept = local_stack.slurm_generation != "22.05"
+    kept = REASON_KEPT_AFTER_RESUME[local_stack.slurm_generation]
     assert (node.reason == f"recovery: {SPARE_STANDBY_REASON}") is kept
     # A node in service is no spare on standby, even with the standby reason still on it.
     ctx = ActionContext(incident_id="t", owner="recovery", actor="pytest", reason="test", xid=79)
@@ -252,6 +270,59 @@ async def test_a_node_reads_idle_as_soon_as_its_job_has_left(backends, local_sta
     await wait_async(idle, 10, f"{COMPUTE_NODE} to read idle with no job on it")
 
 
+async def test_a_running_job_is_requeued_held_unpinned_and_released_on_the_paths_its_version_allows(
+    backends, local_stack, slurm_cluster
+):
+    """The requeue's writes through the client, each on the path the server's API version allows
+    (all of them over REST on 26.05): the job is requeued held (restart count one up), its pin is
+    cleared and set again, and it is released. An empty list would leave the pin over REST."""
+    from drills.localstack import wait_async
+
+    cli, rest, client = backends
+    env = local_stack.slurm_cli_env(slurm_cluster)
+    submitted = await asyncio.create_subprocess_exec(
+        "sbatch",
+        "--parsable",
+        "--requeue",
+        f"--nodelist={COMPUTE_NODE}",
+        "--ntasks=1",
+        "--output=/dev/null",
+        "--wrap=sleep 300",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await submitted.communicate()
+    assert submitted.returncode == 0, err.decode()
+    job_id = int(out.decode().split(";")[0])
+    try:
+
+        async def running():
+            return (await cli.get_job(job_id)).state == "RUNNING"
+
+        await wait_async(running, 40, f"job {job_id} to run on {COMPUTE_NODE}")
+        calls = [await client.requeue_hold(job_id)]
+
+        async def requeued_held():
+            job = await cli.get_job(job_id)
+            return job if job.held and job.restart_count == 1 else None
+
+        job = await wait_async(requeued_held, 30, f"job {job_id} to be pending, held, restarted once")
+        assert job.required_nodes == [COMPUTE_NODE]
+        calls.append(await client.set_required_nodes(job_id, []))
+        assert (await cli.get_job(job_id)).required_nodes == []
+        calls.append(await client.set_required_nodes(job_id, [COMPUTE_NODE]))
+        assert (await cli.get_job(job_id)).required_nodes == [COMPUTE_NODE]
+        calls.append(await client.release_job(job_id))
+        assert not (await cli.get_job(job_id)).held
+        operations = ("requeue_hold", "set_required_nodes", "set_required_nodes", "release_job")
+        assert [c.path for c in calls] == [client.path_for(op) for op in operations]
+        assert all(c.executed for c in calls)
+    finally:
+        cancel = await asyncio.create_subprocess_exec("scancel", str(job_id), env=env)
+        await cancel.wait()
+
+
 async def _not_responding(client) -> bool:
     return not (await client.get_node(COMPUTE_NODE)).responding
 
@@ -293,3 +364,27 @@ async def test_two_incidents_asking_at_once_for_the_last_spare_get_it_once(backe
     finally:
         await client.set_node_comment(spare, "")
         await client.update_node(spare, "DRAIN", f"recovery: {SPARE_STANDBY_REASON}")
+
+
+async def test_the_hooks_know_the_nodes_over_rest_when_there_are_no_slurm_commands(slurm_cluster, backends):
+    """RECOVERY_SLURM_CLI=false: the alert hooks read the cluster's nodes from slurmrestd, where its
+    version can list them (v0.0.40 on); on 22.05's v0.0.38 the hooks fail closed."""
+    from contracts.settings import Settings
+    from hooks.inventory import InventoryUnavailable
+    from hooks.server import node_inventory
+    from hooks.settings import HookSettings
+
+    _, rest, _ = backends
+    settings = Settings(
+        TEMPORAL_ADDRESS="unused",
+        slurm_cli=False,
+        SLURMRESTD_URL=slurm_cluster["SLURMRESTD_URL"],
+        SLURMRESTD_USER=slurm_cluster["SLURMRESTD_USER"],
+        SLURMRESTD_TOKEN_FILE=slurm_cluster["SLURMRESTD_TOKEN_FILE"],
+    )
+    inventory = node_inventory(settings, HookSettings(token="tok-9c2e41d7a0b3f5"))
+    if rest.supports("list_nodes"):
+        assert await inventory.unknown([COMPUTE_NODE, "gpu-99"]) == ["gpu-99"]
+    else:
+        with pytest.raises(InventoryUnavailable):
+            await inventory.unknown([COMPUTE_NODE])

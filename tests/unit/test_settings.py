@@ -65,6 +65,9 @@ def test_the_file_sets_values_and_the_environment_wins(env, config_file):
         ("RECOVERY_SPARE_NODES=gpu-[1-2]\n", "RECOVERY_SPARE_NODES: Value error, invalid node name"),
         ("RECOVERY_GRACE=30\n", "RECOVERY_GRACE in "),  # a typo is refused, not ignored
         ("RECOVERY_PROMETHEUS_ADDRESS=9464\n", "RECOVERY_PROMETHEUS_ADDRESS: Value error, '9464' is not host:port"),
+        # a worker with no Slurm commands has nothing to reach Slurm with but slurmrestd
+        ("RECOVERY_SLURM_CLI=false\n", "RECOVERY_SLURM_CLI=false needs slurmrestd: set SLURMRESTD_URL"),
+        ("RECOVERY_SLURM_CLI=false\nSLURMRESTD_TOKEN=t\n", "RECOVERY_SLURM_CLI=false needs slurmrestd"),
         # fewer could leave the fleet budget no slot while incidents wait on its answer
         (
             "RECOVERY_WORKFLOW_TASK_SLOTS=5\n",
