@@ -37,14 +37,16 @@ from drills.faults import (
     wait_for_history_point,
     worker_identities,
 )
-from drills.localstack import DEBIAN_RELEASE_OF_GENERATION, host_slurm_generation, wait_async
+from drills.localstack import wait_async
+from tests.conftest import NEWEST_GENERATION
 from tests.faults.crash_support import Case, check_recovered_once
 from tests.integration.conftest import stack_settings
 from tests.integration.test_incident_safety import WebhookReceiver
 from workflows.spare_claim import spare_claim_workflow_id
 
-# Each case names its one generation (HOST or OTHER), so the module must not be cut to the newest.
-pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]
+# Every case on the newest generation (each older one keeps the worker's crash in
+# test_timeline_after_crash.py): the local_stack parameter says so, as the case fixture needs it.
+pytestmark = pytest.mark.slurm
 
 INCIDENT_SECONDS = 300
 # Where the worker dies. "scheduled": as soon as the step's activity is scheduled, which in
@@ -74,8 +76,6 @@ POINTS = [
     ("verify_restart", "started"),
     ("record_incident", "scheduled"),
 ]
-HOST = host_slurm_generation()
-OTHER = next(g for g in DEBIAN_RELEASE_OF_GENERATION if g != HOST)
 
 
 async def history_of(case: Case, activity: str) -> WorkflowHandle:
@@ -108,7 +108,7 @@ async def drained_by_an_incident(case: Case, node: str) -> bool:
     return found.drained and "incident " in found.reason
 
 
-@pytest.mark.parametrize("local_stack", [HOST], indirect=True)
+@pytest.mark.parametrize("local_stack", [NEWEST_GENERATION], indirect=True)
 @pytest.mark.parametrize(("activity", "point"), POINTS, ids=lambda v: v)
 async def test_worker_killed_at_each_point_the_next_worker_finishes(case, activity, point):
     run = await case.start()
@@ -143,7 +143,7 @@ async def test_worker_killed_at_each_point_the_next_worker_finishes(case, activi
         assert any(i.startswith(f"{second}@") for i in identities), (where, identities)
 
 
-@pytest.mark.parametrize("local_stack", [OTHER], indirect=True)
+@pytest.mark.parametrize("local_stack", [NEWEST_GENERATION], indirect=True)
 async def test_dev_server_killed_and_restarted_mid_incident(case, crash_temporal):
     """kill -9 of the dev server while a job is being requeued; restarted on the same sqlite
     file, it still has the incident, and the same worker finishes it."""
@@ -158,7 +158,7 @@ async def test_dev_server_killed_and_restarted_mid_incident(case, crash_temporal
     assert case.stack.worker_running() and int(case.stack.worker_pidfile.read_text()) == worker
 
 
-@pytest.mark.parametrize("local_stack", [OTHER], indirect=True)
+@pytest.mark.parametrize("local_stack", [NEWEST_GENERATION], indirect=True)
 async def test_slurmctld_restarted_mid_requeue(case):
     """slurmctld stops and starts again on its saved state while a job is being requeued: the
     step's Slurm calls fail meanwhile and are retried; the job is requeued once."""
@@ -170,7 +170,7 @@ async def test_slurmctld_restarted_mid_requeue(case):
     await check_recovered_once(case, run, result, where)
 
 
-@pytest.mark.parametrize("local_stack", [OTHER], indirect=True)
+@pytest.mark.parametrize("local_stack", [NEWEST_GENERATION], indirect=True)
 async def test_spare_slurmd_killed_before_the_incident_takes_it(case):
     """The hot spare's slurmd dies just before the incident brings the spare in and waits for it:
     the incident must end saying so (spare unhealthy, no replacement), never "recovered" with a
@@ -191,7 +191,7 @@ async def test_spare_slurmd_killed_before_the_incident_takes_it(case):
     assert job.restart_count == 1 and run.node not in job.nodes, job
 
 
-@pytest.mark.parametrize("local_stack", [HOST], indirect=True)
+@pytest.mark.parametrize("local_stack", [NEWEST_GENERATION], indirect=True)
 async def test_worker_killed_while_it_delivers_a_notification_it_is_delivered_once(
     crash_temporal, local_stack, slurm_cluster, monkeypatch
 ):
@@ -238,7 +238,7 @@ async def test_worker_killed_while_it_delivers_a_notification_it_is_delivered_on
     }, receiver.received
 
 
-@pytest.mark.parametrize("local_stack", [HOST], indirect=True)
+@pytest.mark.parametrize("local_stack", [NEWEST_GENERATION], indirect=True)
 async def test_worker_killed_while_it_evicts_the_slurmd_pod_the_next_one_evicts_it_once(
     crash_temporal, local_stack, slurm_cluster, monkeypatch
 ):

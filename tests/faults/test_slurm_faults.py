@@ -38,7 +38,7 @@ from tests.integration.conftest import settings, task_queue  # noqa: F401 (fixtu
 from worker import activities_for, build_slurm, build_worker
 from workflows.call_options import SLURM_QUICK_TRY_BUDGET
 
-pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]
+pytestmark = pytest.mark.slurm
 
 REST_TIMEOUT = 10.0  # SlurmRest's default time-out, as build_slurm makes it
 FATAL_XID = 79

@@ -13,7 +13,8 @@ from tests.integration.conftest import fleet
 from tests.integration.test_fleet_budget import local_activities, workflow_tasks
 from trainer import checkpoint as ckpt
 
-pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]
+# The drill, the REST-only worker and the incomplete checkpoint on every generation; the rest on the newest.
+pytestmark = pytest.mark.slurm
 
 
 # Which path each action takes, per Slurm generation (the README's table), and the slurmrestd API
@@ -23,6 +24,7 @@ REQUEUE_PATH = {"22.05": "cli", "24.11": "cli", "26.05": "rest"}
 REST_VERSION = {"22.05": "v0.0.38", "24.11": "v0.0.42", "26.05": "v0.0.45"}
 
 
+@pytest.mark.every_slurm_generation
 async def test_xid79_drill_recovers_the_job_from_its_latest_complete_checkpoint(drill, recovery_worker, local_stack):
     result = await drill.run(DrillOptions(xid=79))
     r = result.report
@@ -85,7 +87,8 @@ async def test_xid79_drill_recovers_the_job_from_its_latest_complete_checkpoint(
     assert [rec["restart_count"] for rec in resumes] == [0, 1]
 
 
-async def test_a_worker_with_no_slurm_commands_recovers_over_rest_alone_on_26_05(
+@pytest.mark.every_slurm_generation
+async def test_a_worker_with_no_slurm_commands_recovers_over_rest_alone_where_slurmrestd_can_requeue(
     temporal_env, local_stack, slurm_cluster
 ):
     """RECOVERY_SLURM_CLI=false: the worker builds no Slurm CLI backend at all. On 26.05 (slurmrestd
@@ -129,6 +132,7 @@ async def test_the_node_is_fenced_and_its_lease_asked_within_the_incidents_first
     assert not scheduled & {*fence, "partition_shares"}, scheduled
 
 
+@pytest.mark.every_slurm_generation
 async def test_corrupted_latest_checkpoint_is_skipped_and_reported(drill, recovery_worker):
     result = await drill.run(DrillOptions(xid=79, corrupt_latest_checkpoint=True))
     r = result.report

@@ -18,7 +18,7 @@ from drills.localstack import wait_async
 from starter.alerts import raise_alert
 from tests.integration.conftest import Fleet, fleet, status_if_answered
 
-pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]
+pytestmark = pytest.mark.slurm
 
 
 async def fail(f: Fleet, node: str):

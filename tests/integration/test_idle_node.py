@@ -15,7 +15,7 @@ from drills.localstack import wait_async
 from starter.alerts import raise_alert
 from tests.integration.conftest import Fleet, fleet
 
-pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]
+pytestmark = pytest.mark.slurm
 
 
 async def fail_an_idle_node(f: Fleet, nth: int) -> IncidentReport:

@@ -15,7 +15,7 @@ from drills.localstack import wait_async
 from starter.decisions import decide
 from tests.integration.conftest import fleet, status_if_answered
 
-pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]
+pytestmark = pytest.mark.slurm
 
 
 async def test_a_job_that_died_on_the_failed_node_before_its_requeue_is_requeued_and_verified(

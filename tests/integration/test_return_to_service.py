@@ -10,7 +10,7 @@ import pytest
 from drills.drill import DrillOptions
 from workflows.return_to_service import ReturnToServiceWorkflow
 
-pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]
+pytestmark = pytest.mark.slurm
 
 
 async def recovered_drill(drill):
