@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from contracts.kubernetes import NodeSetRef, TaintEffect
+from contracts.kubernetes import NodeSetRef, NodeSetVersion, TaintEffect
 from contracts.settings import secret_not_blank
 
 ReplacementKind = Literal["nodeset", "node-lifecycle", "http"]
@@ -65,8 +65,10 @@ class KubernetesSettings(BaseSettings):
     # --- replacement ---
     replacement: ReplacementKind = "nodeset"
     nodeset_name: str = Field("", description="the NodeSet of the slurmd pods (nodeset provider)")
-    nodeset_version: str = Field(
-        "v1alpha1", description="the served version of slinky.slurm.net (v1beta1 for slurm-operator >= 1.0)"
+    nodeset_version: NodeSetVersion | None = Field(
+        None,
+        description="the version of slinky.slurm.net to use; unset: the one the cluster serves (v1beta1 from "
+        "slurm-operator 1.0 on, v1alpha1 before)",
     )
     nodeset_scale_up: bool = Field(
         False,

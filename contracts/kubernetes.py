@@ -8,7 +8,7 @@ slurmd pod's hostname), which differs from the Node's in the NodeSet's StatefulS
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import AwareDatetime, Field
 
@@ -18,12 +18,17 @@ TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 
 NODESET_GROUP = "slinky.slurm.net"
 NODESET_PLURAL = "nodesets"
+# The versions of slinky.slurm.net whose NodeSets this project reads and writes, the preferred
+# first: slurm-operator 1.x serves only v1beta1, the 0.x releases v1alpha1.
+NodeSetVersion = Literal["v1beta1", "v1alpha1"]
+NODESET_VERSIONS: tuple[NodeSetVersion, ...] = get_args(NodeSetVersion)
 
 
 class NodeSetRef(Contract):
     namespace: KubeName
     name: KubeName
-    version: str = "v1alpha1"
+    # None: the first of NODESET_VERSIONS the cluster serves
+    version: NodeSetVersion | None = None
 
 
 # --- fencing ----------------------------------------------------------------------------------

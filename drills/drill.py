@@ -44,7 +44,6 @@ from contracts.models import (
 from contracts.settings import Settings, load_settings
 from drills.localstack import LocalStack, StackError, wait_async
 from kubesim.server import KubeApiServer
-from kubesim.simulators import NODESET
 from kubesim.slinky import GPU_RESOURCE, SLURMD_SELECTOR, SlinkyCluster, can_take_slurmd, is_ready
 from starter.alerts import raise_alert
 from trainer import checkpoint as ckpt
@@ -500,8 +499,7 @@ class SimulatedKubernetes:
             node_selector="",
             gpu_resource=GPU_RESOURCE,
             replacement="nodeset",
-            nodeset_name=slinky.nodeset,
-            nodeset_version=NODESET[1],
+            nodeset_name=slinky.nodeset,  # its version found by discovery, as a user's default configuration does
             nodeset_scale_up=False,
             watch_seconds=1,  # a drill measures the replacement, not a watch window
         )

@@ -47,6 +47,7 @@ class ResourceType:
     scale: tuple[str, str] | None = None  # dotted paths behind /scale: (spec replicas, status replicas)
     custom: bool = False  # a CR: no strategic merge (415), PUT must carry a resourceVersion
     always: tuple[str, ...] = ()  # top-level objects a Go struct always serializes, if only as {}
+    crd: str | None = None  # a CR whose schema (kubesim/crds/<crd>, this version) defaults and validates writes
 
     @property
     def api_version(self) -> str:
@@ -153,7 +154,14 @@ BUILTIN_TYPES = [
 
 
 def custom_type(
-    group: str, version: str, plural: str, kind: str, *, namespaced: bool, scale: tuple[str, str] | None
+    group: str,
+    version: str,
+    plural: str,
+    kind: str,
+    *,
+    namespaced: bool,
+    scale: tuple[str, str] | None,
+    crd: str | None = None,
 ) -> ResourceType:
     """A CRD's type as the apiserver serves it with `subresources: {status: {}, scale: {...}}`."""
     return ResourceType(
@@ -167,4 +175,5 @@ def custom_type(
         initial_status={},
         scale=scale,
         custom=True,
+        crd=crd,
     )

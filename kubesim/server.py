@@ -88,8 +88,11 @@ class KubeApiServer(ApiFront):
         *,
         namespaced: bool = True,
         scale: tuple[str, str] | None = (".spec.replicas", ".status.replicas"),
+        crd: str | None = None,
     ) -> None:
-        self.store.register(custom_type(group, version, plural, kind, namespaced=namespaced, scale=scale))
+        """A custom resource type; with `crd` (a file in kubesim/crds/), its schema for this
+        version defaults and validates every write, as a real API server's does."""
+        self.store.register(custom_type(group, version, plural, kind, namespaced=namespaced, scale=scale, crd=crd))
 
     def compact(self) -> None:
         self.store.compact()

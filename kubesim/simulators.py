@@ -8,9 +8,9 @@ the API server over HTTP with the official client, as the real one would.
         exits on SIGTERM). `finished` lists "namespace/name" of the pods it removed.
 
     Provisioner(api_client, *, name_pattern="gpu-new-{n}", replace_label=None, ready_after=0.5,
-                gpus=8, labels=None, interval=0.05)
+                gpus=8, labels=None, interval=0.05, nodeset_version="v1beta1")
         Plays the cloud provider and node bootstrap: when a Node is deleted, when a Node gets the
-        label `replace_label`, or when a NodeSet (slinky.slurm.net/v1alpha1) is scaled up (one per
+        label `replace_label`, or when a NodeSet (slinky.slurm.net/<nodeset_version>) is scaled up (one per
         added replica; a NodeSet first seen after start() counts from 0), it creates a Node named
         name_pattern.format(n=<lowest unused n>) that is NotReady, and `ready_after` seconds later
         makes it Ready with `gpus` nvidia.com/gpu in capacity and allocatable; a NodeSet's
@@ -28,7 +28,8 @@ import time
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-NODESET = ("slinky.slurm.net", "v1alpha1", "nodesets")
+# Today's Slinky (slurm-operator 1.x): slinky.slurm.net/v1beta1
+NODESET = ("slinky.slurm.net", "v1beta1", "nodesets")
 
 
 class _Simulator:
@@ -130,8 +131,10 @@ class Provisioner(_Simulator):
         gpus: int = 8,
         labels: dict[str, str] | None = None,
         interval: float = 0.05,
+        nodeset_version: str = NODESET[1],
     ):
         super().__init__(api_client, interval)
+        self._nodeset = (NODESET[0], nodeset_version, NODESET[2])
         self.name_pattern, self.replace_label, self.ready_after = name_pattern, replace_label, ready_after
         self.gpus, self.labels = gpus, dict(labels or {})
         self.created: list[str] = []
@@ -146,7 +149,7 @@ class Provisioner(_Simulator):
 
     def _nodesets(self) -> list[tuple[tuple[str, str], int]]:
         try:
-            items = client.CustomObjectsApi(self._api).list_cluster_custom_object(*NODESET)["items"]
+            items = client.CustomObjectsApi(self._api).list_cluster_custom_object(*self._nodeset)["items"]
         except ApiException as e:
             if e.status == 404:  # no NodeSet CRD on this server
                 return []
@@ -220,8 +223,9 @@ class Provisioner(_Simulator):
         )
         if nodeset is not None:
             custom = client.CustomObjectsApi(self._api)
-            current = custom.get_namespaced_custom_object(NODESET[0], NODESET[1], nodeset[0], NODESET[2], nodeset[1])
+            group, version, plural = self._nodeset
+            current = custom.get_namespaced_custom_object(group, version, nodeset[0], plural, nodeset[1])
             ready = ((current.get("status") or {}).get("replicas") or 0) + 1
             custom.patch_namespaced_custom_object_status(
-                NODESET[0], NODESET[1], nodeset[0], NODESET[2], nodeset[1], {"status": {"replicas": ready}}
+                group, version, nodeset[0], plural, nodeset[1], {"status": {"replicas": ready}}
             )

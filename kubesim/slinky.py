@@ -7,7 +7,8 @@ local Slurm cluster: the Kubernetes side of its slurmd processes, for `recovery 
         slinky.namespace, slinky.nodeset    # "slurm", "gpu"
 
 start() seeds, through the API server: the namespace, one Ready Node per compute Slurm node
-(8 nvidia.com/gpu allocatable), the NodeSet (slinky.slurm.net/v1alpha1) and, bound to each of
+(8 nvidia.com/gpu allocatable), the NodeSet (slinky.slurm.net/v1beta1, which the server checks
+against Slinky's CRD on every write) and, bound to each of
 those Nodes, a Running and Ready slurmd pod whose name and hostname are the Slurm node's name.
 Then these run in background threads, each talking to the server over HTTPS with the official
 client, as the real ones would:
@@ -49,6 +50,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 GPUS_PER_NODE = 8
 SLURMD_EXIT_SECONDS = 1.0  # slurmd stops this soon after SIGTERM: the kubelet then removes its pod
 TICK_SECONDS = 0.25  # how often each simulated actor looks: quick enough for a drill, light on the CPU
+NODESET_CRD = "slinky.slurm.net_nodesets.yaml"  # in kubesim/crds/
 
 
 class SlinkyCluster:
@@ -74,7 +76,7 @@ class SlinkyCluster:
         return f"k8s-{slurm_node}"
 
     def start(self) -> SlinkyCluster:
-        self.server.register_crd(NODESET[0], NODESET[1], NODESET[2], "NodeSet")
+        self.server.register_crd(*NODESET, "NodeSet", crd=NODESET_CRD)
         self._dir = tempfile.mkdtemp(prefix="slinky-")
         self.kubeconfig = Path(self.server.kubeconfig(Path(self._dir) / "kubeconfig"))
         api = config.new_client_from_config(config_file=str(self.kubeconfig))
@@ -109,8 +111,17 @@ class SlinkyCluster:
                 "apiVersion": f"{NODESET[0]}/{NODESET[1]}",
                 "kind": "NodeSet",
                 "metadata": {"name": self.nodeset},
-                "spec": {"replicas": len(self._compute)},
+                "spec": {"controllerRef": {"name": "slurm"}, "replicas": len(self._compute)},
             },
+        )
+        # what the operator's NodeSet controller reports once its pods run (status requires both)
+        custom.patch_namespaced_custom_object_status(
+            NODESET[0],
+            NODESET[1],
+            self.namespace,
+            NODESET[2],
+            self.nodeset,
+            {"status": {"replicas": len(self._compute), "selector": SLURMD_SELECTOR, "nodeSetHash": "simulated"}},
         )
         for slurm_node in self._compute:
             node = self.node_of(slurm_node)

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
-from . import patch as patches
+from . import crds, patch as patches
 from .resources import BUILTIN_TYPES, ResourceType
 from .selectors import SelectorError, from_label_selector, labels_match
 
@@ -90,6 +90,14 @@ def _stale(rt: ResourceType, name: str) -> ApiError:
 
 def _invalid(rt: ResourceType, name: str, what: str) -> ApiError:
     return ApiError(422, "Invalid", f'{rt.kind} "{name}" is invalid: {what}', rt=rt, name=name)
+
+
+def _admit(rt: ResourceType, obj: dict) -> None:
+    """A custom object through its CRD's schema: defaults filled in, then validated (422)."""
+    if rt.crd is not None:
+        crds.fill_defaults(rt.crd, rt.version, obj)
+        if found := crds.problems(rt.crd, rt.version, obj):
+            raise _invalid(rt, obj["metadata"].get("name", ""), ", ".join(found))
 
 
 def _timestamp(after_seconds: float = 0) -> str:
@@ -324,6 +332,7 @@ class Store:
                 if not obj["status"]:
                     del obj["status"]
             self._normalize(rt, obj)
+            _admit(rt, obj)
             if rt.plural == "nodes" and not rt.group and self.add_not_ready_taint:
                 # The TaintNodesByCondition admission plugin: every new Node starts not-ready.
                 self._set_not_ready_taint(obj, True)
@@ -405,6 +414,7 @@ class Store:
                     result["status"] = copy.deepcopy(old["status"])
         self._normalize(rt, result)
         result["kind"], result["apiVersion"] = rt.kind, rt.api_version
+        _admit(rt, result)
         result["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         if result == old:  # a no-op write stores nothing and keeps the resourceVersion
             return old

@@ -41,6 +41,7 @@ from contracts.audit import record
 from contracts.kubernetes import (
     NODESET_GROUP,
     NODESET_PLURAL,
+    NODESET_VERSIONS,
     K8sReplacementRequest,
     K8sReplacementResult,
     NodeSetRef,
@@ -66,19 +67,44 @@ class NodeSetReplacement:
     def __init__(self, api: ApiClient, nodeset: NodeSetRef, *, scale_up: bool):
         self._objects = CustomObjectsApi(api)
         self._ref, self._scale_up = nodeset, scale_up
-        self._names = dict(version=nodeset.version, namespace=nodeset.namespace, name=nodeset.name)
         self._target = f"NodeSet {nodeset.namespace}/{nodeset.name}"
+        self.version: str | None = nodeset.version  # None until the first request discovers it
 
-    def _args(self) -> tuple[str, str, str, str, str]:
-        return NODESET_GROUP, self._ref.version, self._ref.namespace, NODESET_PLURAL, self._ref.name
+    async def _served_version(self) -> str:
+        """The configured version, or the first of NODESET_VERSIONS the cluster serves NodeSets in
+        (asked once, through discovery, which every authenticated client may read)."""
+        if self.version is None:
+            for version in NODESET_VERSIONS:
+                try:
+                    listing = await call(self._objects.get_api_resources, NODESET_GROUP, version)
+                except ApiException as e:
+                    if e.status == 404:
+                        continue
+                    raise
+                if any(resource.name == NODESET_PLURAL for resource in listing.resources):
+                    self.version = version
+                    break
+            else:
+                raise NodeSetNotFound(
+                    f"the cluster serves no NodeSets ({NODESET_GROUP} {' or '.join(NODESET_VERSIONS)}): "
+                    "is Slinky's slurm-operator installed?"
+                )
+        return self.version
+
+    async def _args(self) -> tuple[str, str, str, str, str]:
+        return NODESET_GROUP, await self._served_version(), self._ref.namespace, NODESET_PLURAL, self._ref.name
+
+    async def _names(self) -> dict[str, str]:
+        return dict(version=await self._served_version(), namespace=self._ref.namespace, name=self._ref.name)
 
     async def _read(self) -> dict[str, Any]:
+        args = await self._args()
         try:
-            found = await call(self._objects.get_namespaced_custom_object, *self._args())
+            found = await call(self._objects.get_namespaced_custom_object, *args)
             return cast(dict[str, Any], found)  # a custom object comes as its JSON (the client says object)
         except ApiException as e:
             if e.status == 404:
-                raise NodeSetNotFound(f"{self._target} ({NODESET_GROUP}/{self._ref.version}) does not exist") from e
+                raise NodeSetNotFound(f"{self._target} ({NODESET_GROUP}/{args[1]}) does not exist") from e
             raise
 
     async def request(self, req: K8sReplacementRequest, progress: Progress) -> K8sReplacementResult:
@@ -130,10 +156,10 @@ class NodeSetReplacement:
             invocation = calls.UPDATE_NODESET.invocation(
                 dry_run=req.ctx.dry_run,
                 body={f"metadata.annotations[{SCALE_CLAIMS_ANNOTATION}]": claims},
-                **self._names,
+                **await self._names(),
             )
             if not req.ctx.dry_run:
-                await call(self._objects.replace_namespaced_custom_object, *self._args(), nodeset)
+                await call(self._objects.replace_namespaced_custom_object, *await self._args(), nodeset)
             return record(
                 "claim_nodeset_scale_up", self._target, invocation, req.ctx, f"{incident} asks for {target} replicas"
             )
@@ -143,7 +169,7 @@ class NodeSetReplacement:
 
     async def _scale_to(self, target: int, req: K8sReplacementRequest) -> ActionRecord:
         async def read_scale() -> dict[str, Any]:
-            scale = await call(self._objects.get_namespaced_custom_object_scale, *self._args())
+            scale = await call(self._objects.get_namespaced_custom_object_scale, *await self._args())
             return cast(dict[str, Any], scale)  # as its JSON, as above
 
         async def write(scale: dict[str, Any]) -> ActionRecord:
@@ -158,11 +184,11 @@ class NodeSetReplacement:
                 )
             scale.setdefault("spec", {})["replicas"] = target
             invocation = calls.UPDATE_NODESET_SCALE.invocation(
-                dry_run=req.ctx.dry_run, body={"spec.replicas": target}, **self._names
+                dry_run=req.ctx.dry_run, body={"spec.replicas": target}, **await self._names()
             )
             if not req.ctx.dry_run:
                 # The Scale carries the NodeSet's resourceVersion: a concurrent change is a 409.
-                await call(self._objects.replace_namespaced_custom_object_scale, *self._args(), scale)
+                await call(self._objects.replace_namespaced_custom_object_scale, *await self._args(), scale)
             return record("scale_nodeset", self._target, invocation, req.ctx, f"replicas {current} -> {target}")
 
         return await update_optimistically(read_scale, write, f"{self._target}/scale")

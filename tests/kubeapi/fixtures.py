@@ -43,6 +43,10 @@ from kubesim.server import KubeApiServer
 from kubesim.simulators import Provisioner
 
 REAL_CLUSTER_ENV = "RECOVERY_TEST_KUBECONFIG"
+# The NodeSet type of the test server: a cluster still on Slinky 0.x (v1alpha1), with no schema,
+# so that the server's own tests can write any NodeSet. Today's v1beta1, validated by Slinky's CRD,
+# is the drill's (kubesim/slinky.py) and test_k8s_nodeset_versions.py's.
+FIXTURE_NODESET = ("slinky.slurm.net", "v1alpha1", "nodesets")
 
 
 @pytest.fixture
@@ -51,7 +55,7 @@ def kube_simulator():
         yield None
         return
     server = KubeApiServer().start()
-    server.register_crd("slinky.slurm.net", "v1alpha1", "nodesets", "NodeSet")
+    server.register_crd(*FIXTURE_NODESET, "NodeSet")
     try:
         yield server
     finally:
@@ -294,7 +298,7 @@ def kube_provisioner(kube_simulator, kube_upstream_client):
     made: list[Provisioner] = []
 
     def new(*args, **kwargs) -> Provisioner:
-        made.append(Provisioner(*args, **kwargs))
+        made.append(Provisioner(*args, **{"nodeset_version": FIXTURE_NODESET[1], **kwargs}))
         return made[-1]
 
     yield new
