@@ -15,6 +15,7 @@ from backends.health import HealthCheck
 from backends.slurm import NodeUpdate, SlurmClient, SlurmNotFound
 from contracts.audit import record
 from contracts.budget import FenceScope, PartitionShare
+from contracts.kubernetes import SLURMD_PRE_STOP_REASON
 from contracts.models import ActionContext, NodeFenceResult, NodeRequest, RepairCheck, SlurmNode
 
 
@@ -104,6 +105,16 @@ class FencingActivities:
             # not seen its slurmd answer yet. Look again rather than call it someone else's.
             return RepairCheck(
                 node=req.node, returned=False, final=False, detail="resumed; waiting for slurmctld to see it answer"
+            )
+        if node.reason == SLURMD_PRE_STOP_REASON:
+            # Slinky's preStop hook rewrote the fence when the slurmd pod went (this incident's
+            # eviction): the operator brings the node back itself (a slurmd pod again, then the node
+            # IDLE). Resuming it here would fight the operator; watch it come back instead.
+            return RepairCheck(
+                node=req.node,
+                returned=False,
+                final=False,
+                detail="its slurmd pod is gone (reason set by Slinky's preStop): Slinky brings it back",
             )
         if not fenced_by(node, req.ctx):
             return self._left_as_found(req, node)

@@ -21,6 +21,10 @@ NODESET_PLURAL = "nodesets"
 # The versions of slinky.slurm.net whose NodeSets this project reads and writes, the preferred
 # first: slurm-operator 1.x serves only v1beta1, the 0.x releases v1alpha1.
 NodeSetVersion = Literal["v1beta1", "v1alpha1"]
+# The reason every slurmd pod's preStop hook sets, with DOWN, when the pod terminates (Slinky
+# slurm-operator from v1.2.0, internal/builder/workerbuilder/worker_app.go): after an eviction the
+# Slurm node reads as the operator's, whoever had drained it.
+SLURMD_PRE_STOP_REASON = "slurm-operator: Pod is terminating"
 NODESET_VERSIONS: tuple[NodeSetVersion, ...] = get_args(NodeSetVersion)
 
 

@@ -1,11 +1,12 @@
 """The cluster's other actors, for scenario tests: each runs in a background thread and talks to
 the API server over HTTP with the official client, as the real one would.
 
-    Kubelet(api_client, *, node=None, finish_after=None, interval=0.05)
+    Kubelet(api_client, *, node=None, finish_after=None, interval=0.05, pre_stop=None)
         Finishes pod termination: a Terminating pod (on `node`, or on any node) is deleted for good
         (grace period 0, UID precondition, as the kubelet does) when its grace period ends, or
         `finish_after` seconds after it was first seen Terminating if that is sooner (a job that
-        exits on SIGTERM). `finished` lists "namespace/name" of the pods it removed.
+        exits on SIGTERM). `pre_stop(pod)` runs once per pod when it is first seen Terminating, as
+        a container's preStop hook. `finished` lists "namespace/name" of the pods it removed.
 
     Provisioner(api_client, *, name_pattern="gpu-new-{n}", replace_label=None, ready_after=0.5,
                 gpus=8, labels=None, interval=0.05, nodeset_version="v1beta1")
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -85,9 +87,10 @@ class Kubelet(_Simulator):
         node: str | None = None,
         finish_after: float | None = None,
         interval: float = 0.05,
+        pre_stop: Callable[[client.V1Pod], None] | None = None,
     ):
         super().__init__(api_client, interval)
-        self.node, self.finish_after = node, finish_after
+        self.node, self.finish_after, self._pre_stop = node, finish_after, pre_stop
         self.finished: list[str] = []
         self._done: set[str] = set()  # pod UIDs
         self._first_seen: dict[str, float] = {}
@@ -100,9 +103,12 @@ class Kubelet(_Simulator):
             meta = pod.metadata
             if meta.deletion_timestamp is None or not pod.spec.node_name or meta.uid in self._done:
                 continue
+            if meta.uid not in self._first_seen and self._pre_stop is not None:
+                self._pre_stop(pod)  # the container's preStop hook runs before it is sent SIGTERM
+            first_seen = self._first_seen.setdefault(meta.uid, now)
             due = meta.deletion_timestamp.timestamp()
             if self.finish_after is not None:
-                due = min(due, self._first_seen.setdefault(meta.uid, now) + self.finish_after)
+                due = min(due, first_seen + self.finish_after)
             if now < due:
                 continue
             try:

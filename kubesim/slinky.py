@@ -13,7 +13,8 @@ those Nodes, a Running and Ready slurmd pod whose name and hostname are the Slur
 Then these run in background threads, each talking to the server over HTTPS with the official
 client, as the real ones would:
 
-- the Kubelet (simulators.py): an evicted slurmd pod goes a second after its SIGTERM;
+- the Kubelet (simulators.py): an evicted slurmd pod runs its preStop hook, which sets its Slurm
+  node DOWN with the reason `slurm-operator: Pod is terminating`, and goes a second later;
 - the Provisioner (simulators.py), which also brings up a Node when the NodeSet controller asks,
   as a cluster autoscaler does for a pod that no Node can take: NotReady, then Ready with GPUs;
 - the NodeSet controller: when a slurmd pod is gone, it asks for a Node and, once a Node is Ready,
@@ -41,6 +42,7 @@ from pathlib import Path
 from kubernetes import client, config
 
 from backends.slurm import SlurmCli
+from contracts.kubernetes import SLURMD_PRE_STOP_REASON
 from kubesim.server import KubeApiServer
 from kubesim.simulators import NODESET, Kubelet, Provisioner, _Simulator
 
@@ -86,7 +88,7 @@ class SlinkyCluster:
                 api, name_pattern="k8s-gpu-new-{n}", gpus=GPUS_PER_NODE, interval=TICK_SECONDS
             )
             for actor in (
-                Kubelet(api, finish_after=SLURMD_EXIT_SECONDS, interval=TICK_SECONDS),
+                Kubelet(api, finish_after=SLURMD_EXIT_SECONDS, interval=TICK_SECONDS, pre_stop=self._slurmd_pre_stop),
                 provisioner,
                 NodeSetController(
                     api, provisioner, self._slurm, namespace=self.namespace, serving=self._compute, spares=self._spares
@@ -99,6 +101,15 @@ class SlinkyCluster:
         finally:
             api.close()  # each actor has an ApiClient of its own
         return self
+
+    def _slurmd_pre_stop(self, pod: client.V1Pod) -> None:
+        """The slurmd container's preStop hook, as Slinky's worker builder writes it (from v1.2.0):
+        `scontrol update nodename=$(hostname) state=down reason='slurm-operator: Pod is terminating'`.
+        Slurm keeps a DRAIN and replaces the reason, so whoever drained the node before reads it as
+        the operator's now."""
+        labels = pod.metadata.labels or {}
+        if all(labels.get(key) == value for key, value in SLURMD_LABELS.items()) and pod.spec.hostname:
+            asyncio.run(self._slurm.update_node(pod.spec.hostname, "DOWN", SLURMD_PRE_STOP_REASON))
 
     def _seed(self, core: client.CoreV1Api, custom: client.CustomObjectsApi) -> None:
         core.create_namespace({"metadata": {"name": self.namespace}})

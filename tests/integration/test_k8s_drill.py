@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from contracts.kubernetes import SLURMD_PRE_STOP_REASON
 from drills.drill import DrillOptions
 
 pytestmark = pytest.mark.slurm
@@ -67,6 +68,10 @@ async def test_xid79_on_slurm_on_kubernetes_evicts_the_slurmd_pod_after_the_drai
     assert wait.result.startswith("gpu-5 on Node k8s-gpu-new-0: ")
     assert wait.result.endswith("; health check passed: gpu-5: slurmd answers, 8 GPUs present, no fault"), wait.result
     assert (await drill.slurm.get_node("gpu-5")).in_service
+    # The evicted pod's preStop hook (Slinky's) set the failed node DOWN with the operator's reason
+    # (what the return to service then makes of it: test_return_to_service.py).
+    failed = await drill.slurm.get_node(r.node)
+    assert (failed.state, failed.reason) == ("down", SLURMD_PRE_STOP_REASON), failed
 
 
 async def test_k8s_dry_run_describes_the_kubernetes_steps_and_writes_nothing(drill):

@@ -58,6 +58,21 @@ def test_kubelet_can_finish_sooner_than_the_grace_period(core, kube_client, kube
         eventually(lambda: gone(core, "train", kube_namespace))
 
 
+def test_kubelet_runs_the_pre_stop_hook_once_while_the_pod_is_still_there(core, kube_client, kube_seed, kube_namespace):
+    kube_seed.node("gpu-0")
+    kube_seed.pod("slurmd", kube_namespace, node="gpu-0", grace=300)
+    hooked: list[tuple[str, bool]] = []
+
+    def pre_stop(pod):  # as Slinky's slurmd preStop: the pod is Terminating and still exists
+        still_there = core.read_namespaced_pod(pod.metadata.name, kube_namespace).metadata.deletion_timestamp
+        hooked.append((pod.metadata.name, still_there is not None))
+
+    with Kubelet(kube_client, finish_after=0.5, pre_stop=pre_stop):
+        core.delete_namespaced_pod("slurmd", kube_namespace)
+        eventually(lambda: gone(core, "slurmd", kube_namespace))
+    assert hooked == [("slurmd", True)]
+
+
 def test_provisioner_answers_a_nodeset_scale_up_with_a_ready_gpu_node(
     core, kube_client, kube_namespace, kube_provisioner
 ):
