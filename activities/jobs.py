@@ -133,13 +133,19 @@ class JobActivities:
                 )
                 requeued_now = True
         else:
+            by = (
+                "an earlier attempt, or by Slurm itself (the job asked --requeue=expedite: Slurm requeues "
+                "it when its node fails)"
+                if job.expedited_requeue
+                else "an earlier attempt"
+            )
             actions.append(
                 record(
                     "requeue_hold",
                     f"job {job_id}",
                     "none",
                     ctx,
-                    f"already requeued by an earlier attempt (restart count {job.restart_count})",
+                    f"already requeued by {by} (restart count {job.restart_count})",
                 )
             )
         job = await self._wait_until_pending(job_id)

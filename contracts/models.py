@@ -311,6 +311,11 @@ class SlurmJob(Contract):
     excluded_nodes: list[str] = Field(default_factory=list)
     required_nodes: list[str] = Field(default_factory=list, description="the nodes it is pinned to (ReqNodeList)")
     priority: int = 0
+    expedited_requeue: bool = Field(
+        False,
+        description="submitted --requeue=expedite (Slurm 25.11+): with enable_expedited_requeue, Slurm requeues it "
+        "itself when its node fails, and any requeue restarts it at once, without the requeue delay",
+    )
 
     @property
     def held(self) -> bool:

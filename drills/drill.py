@@ -67,6 +67,9 @@ class DrillOptions(BaseModel):
     timeout_seconds: float = 300.0
     pinned_to: list[str] = Field(default_factory=list, description="the reference job's nodes, pinned (sbatch -w)")
     job_nodes: int = Field(2, ge=1, description="the nodes the reference job trains across")
+    expedited_requeue: bool = Field(
+        False, description="submit the reference job --requeue=expedite (Slurm 25.11+) instead of --requeue"
+    )
 
 
 class DrillCheck(BaseModel):
@@ -290,7 +293,7 @@ class Drill:
             f"--job-name={DRILL_JOB_NAME}",
             f"--nodes={opts.job_nodes}",
             "--ntasks-per-node=1",
-            "--requeue",
+            "--requeue=expedite" if opts.expedited_requeue else "--requeue",
             f"--comment=checkpoint_dir={run_dir}",
             f"--chdir={run_dir}",
             *([f"--nodelist={','.join(opts.pinned_to)}"] if opts.pinned_to else []),

@@ -23,6 +23,7 @@ JOB_FIELDS = (
     "name",
     "excluded_nodes",
     "required_nodes",
+    "flags",
 )
 
 # Flags that newer Slurm reports inside the state list instead of a separate field.
@@ -88,4 +89,7 @@ def job_from_json(raw: dict[str, Any]) -> SlurmJob:
         excluded_nodes=expand_nodes(raw.get("excluded_nodes")),
         required_nodes=expand_nodes(raw.get("required_nodes")),
         priority=_number(raw.get("priority")),
+        # 25.11+: submitted --requeue=expedite (what Slurm does with it depends on the cluster's
+        # SlurmctldParameters=enable_expedited_requeue)
+        expedited_requeue="EXPEDITED_REQUEUE" in (raw.get("flags") or []),
     )

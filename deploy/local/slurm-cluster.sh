@@ -228,6 +228,9 @@ CONF
       echo "NodeName=gpu-$i NodeAddr=127.0.0.$((i + 1)) Port=$((SLURMD_PORT0 + i)) CPUs=8 RealMemory=64000 Gres=gpu:8 State=UNKNOWN"
     done
     echo "PartitionName=gpu Nodes=gpu-[1-$total] Default=YES MaxTime=INFINITE State=UP"
+    # 25.11+: a job submitted --requeue=expedite is requeued by slurmctld itself when its node
+    # fails, at the top of the queue and eligible at once (no requeue_delay)
+    if version_at_least 25.11; then echo "SlurmctldParameters=enable_expedited_requeue"; fi
   } > "$BASE/etc/slurm.conf.new"
   echo "NodeName=gpu-[1-$total] Name=gpu File=$BASE/dev/nvidia[0-7]" > "$BASE/etc/gres.conf"
   if version_at_least 24.05; then

@@ -3,6 +3,7 @@ reference training job with real checkpoints."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -255,3 +256,27 @@ async def test_dry_run_describes_every_action_and_changes_nothing(drill, recover
     assert [p.result.split(":")[0] for p in r.phases if p.name in ("grace", "wait_for_spare", "verify")] == [
         "skipped"
     ] * 3
+
+
+async def test_a_job_that_asked_for_expedited_requeue_starts_again_at_once_once_released(
+    drill, recovery_worker, local_stack
+):
+    """Slurm 25.11+ with enable_expedited_requeue (the local stack's 26.05): a job submitted
+    --requeue=expedite starts again as soon as the incident releases it, where a plain --requeue
+    job waits out the requeue delay (requeue_delay, by default cred_expire: 10 s here, 120 s in
+    Slurm's default). Same recovery path, restart count exactly one either way."""
+    if tuple(map(int, local_stack.slurm_generation.split("."))) < (25, 11):
+        pytest.skip("expedited requeue exists from Slurm 25.11 on")
+    gaps = {}
+    for expedite in (False, True):
+        result = await drill.run(DrillOptions(xid=79, expedited_requeue=expedite))
+        r = result.report
+        assert r.outcome == "recovered" and result.passed, r.model_dump_json(indent=1)
+        [job] = r.jobs
+        assert job.restart_count == 1 and job.verified
+        released = next(a.at for a in r.actions if a.action == "release_job")
+        [restarted] = [rec for rec in ckpt.read_resume_records(Path(result.run_dir)) if rec["restart_count"] == 1]
+        gaps[expedite] = (datetime.fromisoformat(restarted["started_at"]) - released).total_seconds()
+    print(f"release -> restarted: {gaps}")
+    assert gaps[False] >= 9, gaps  # the requeue delay, 10 s on the local stack
+    assert gaps[True] < 5, gaps

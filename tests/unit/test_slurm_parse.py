@@ -83,3 +83,19 @@ def test_requeued_job_still_completing_is_not_pending_yet():
 def test_host_lists_expand():
     assert expand_nodes("gpu-[1-2,4],login1") == ["gpu-1", "gpu-2", "gpu-4", "login1"]
     assert expand_nodes(None) == [] and expand_nodes("") == []
+
+
+def test_a_job_that_asked_for_expedited_requeue_says_so():
+    # 26.05.5's JSON of a job submitted --requeue=expedite, after its node failed (abridged)
+    expedited = job_from_json(
+        {
+            "job_id": 3,
+            "job_state": ["PENDING", "EXPEDITING"],
+            "flags": ["JOB_WAS_RUNNING", "PARTITION_ASSIGNED", "EXPEDITED_REQUEUE"],
+            "restart_cnt": 1,
+        }
+    )
+    assert (expedited.state, expedited.expedited_requeue, expedited.restart_count) == ("PENDING", True, 1)
+    plain = job_from_json({"job_id": 4, "job_state": ["RUNNING"], "flags": ["JOB_WAS_RUNNING"]})
+    assert not plain.expedited_requeue
+    assert not job_from_json({"job_id": 5, "job_state": "RUNNING"}).expedited_requeue  # 22.05: no such flag
