@@ -6,12 +6,13 @@ figure next to its baseline measured in the same run.
   resume     time to resume and lost progress after XID 79, against Slurm's own node-failure
              handling at its default SlurmdTimeout (300 s: over five minutes a run)
   degrading  a degrading XID: training lost with the grace checkpoint and without
+  expedite   time to resume for a job submitted --requeue=expedite against --requeue (Slurm 26.05)
   scale      N = 10, 100, 1,000 concurrent incidents through drain and signal (scale harness)
   storm      the alert storm against the hooks (its own options and output, bench/storm.py)
 
 The real-Slurm benchmarks run on the bench's own local stack (bench/stack.py: its own state dir
 and ports; what it starts, it stops). Each prints the machine's facts (cores, load, versions) and
-medians over --runs runs (defaults: reaction 5, resume 1, degrading 3, scale 3, storm 3);
+medians over --runs runs (defaults: reaction 5, resume 1, degrading 3, expedite 3, scale 3, storm 3);
 --quick is a short smoke run (fewer runs, N up to 100, a 50-node storm, and the resume baseline
 at the local stack's SlurmdTimeout of 10 s instead of Slurm's default).
 
@@ -37,15 +38,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import degrading, reaction, resume, scale, storm_table
+from bench import degrading, expedite, reaction, resume, scale, storm_table
 from bench.stack import SLURM_DEFAULT_SLURMD_TIMEOUT, bench_stack, say
 from bench.storm import StormSpec, run_once, summary
 from bench.table import Row, machine, render
 
 REAL_SLURM = ("reaction", "resume", "degrading")
-ALL = (*REAL_SLURM, "scale", "storm")
-DEFAULT_RUNS = {"reaction": 5, "resume": 1, "degrading": 3, "scale": 3, "storm": 3}
-QUICK_RUNS = {"reaction": 2, "resume": 1, "degrading": 1, "scale": 1, "storm": 1}
+ALL = (*REAL_SLURM, "expedite", "scale", "storm")
+DEFAULT_RUNS = {"reaction": 5, "resume": 1, "degrading": 3, "expedite": 3, "scale": 3, "storm": 3}
+QUICK_RUNS = {"reaction": 2, "resume": 1, "degrading": 1, "expedite": 1, "scale": 1, "storm": 1}
 SCALE_SIZES, QUICK_SCALE_SIZES = [10, 100, 1000], [10, 100]
 
 
@@ -126,6 +127,8 @@ class Runner:
     async def run(self) -> None:
         if any(n in self.selected for n in (*REAL_SLURM, "scale")):
             await self.measure("stack", self._on_real_slurm)
+        if "expedite" in self.selected:
+            await self.measure("expedite", self._on_newest_slurm)
         if "scale" in self.selected and self.calibration is not None:
             latency, paths = self.calibration
             sizes = QUICK_SCALE_SIZES if self.quick else SCALE_SIZES
@@ -155,6 +158,11 @@ class Runner:
             if "resume" in self.selected:
                 runs = self.runs["resume"]
                 self.keep("resume", await self.measure("resume", lambda: resume.run(bench, runs, runs, self.quick)))
+
+    async def _on_newest_slurm(self) -> None:
+        async with bench_stack(None, expedite.SLURM_GENERATION) as bench:
+            say(f"Slurm {bench.cluster.get('SLURM_VERSION', '?')} (Debian root) for the expedited requeue")
+            self.keep("expedite", await expedite.run(bench, self.runs["expedite"]))
 
     def ordered(self) -> list[Outcome]:
         return [self.outcomes[n] for n in (*ALL, "stack", "warm-up") if n in self.outcomes]
@@ -218,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         ("reaction", "alert accepted -> drained and signalled (real Slurm)"),
         ("resume", "time to resume after XID 79 vs Slurm alone (real Slurm; 5+ minutes)"),
         ("degrading", "lost steps with and without the grace checkpoint (real Slurm)"),
+        ("expedite", "time to resume, --requeue=expedite vs --requeue (real Slurm 26.05)"),
         ("scale", "10, 100, 1,000 concurrent incidents (scale harness)"),
     ):
         sub.add_parser(name, help=what, parents=[common])

@@ -39,13 +39,17 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def bench_local_stack() -> LocalStack:
+def bench_local_stack(slurm_version: str | None = None) -> LocalStack:
+    """The bench's stack on the host's Slurm, or on `slurm_version` (from its Debian root, with a
+    worker on a task queue of its own)."""
     env = os.environ.get
     return LocalStack(
         state_dir=Path(env("RECOVERY_BENCH_STATE_DIR") or "/tmp/training-recovery-bench"),
         temporal_port=int(env("RECOVERY_BENCH_TEMPORAL_PORT") or 7433),
         ui_port=int(env("RECOVERY_BENCH_UI_PORT") or 8433),
         slurm_port_base=int(env("RECOVERY_BENCH_SLURM_PORT_BASE") or 18800),
+        slurm_version=slurm_version,
+        task_queue="training-recovery" + (f"-{slurm_version}" if slurm_version else ""),
     )
 
 
@@ -89,9 +93,9 @@ class BenchStack:
 
 
 @asynccontextmanager
-async def bench_stack(slurmd_timeout: int | None) -> AsyncIterator[BenchStack]:
+async def bench_stack(slurmd_timeout: int | None, slurm_version: str | None = None) -> AsyncIterator[BenchStack]:
     """The stack, up; slurmd_timeout (seconds) overrides the cluster's SlurmdTimeout, None keeps it."""
-    stack = bench_local_stack()
+    stack = bench_local_stack(slurm_version)
     was_running = await asyncio.to_thread(stack.status)
     say(
         f"bench stack in {stack.state_dir} (Temporal 127.0.0.1:{stack.temporal_port}, Slurm ports from "
@@ -111,7 +115,7 @@ async def bench_stack(slurmd_timeout: int | None) -> AsyncIterator[BenchStack]:
         if slurmd_timeout is not None and slurmd_timeout != original_timeout:
             await asyncio.to_thread(use_slurmd_timeout, env, slurmd_timeout)
         await asyncio.to_thread(stack.start_worker, cluster)
-        settings = Settings(TEMPORAL_ADDRESS=stack.temporal_address)
+        settings = Settings(TEMPORAL_ADDRESS=stack.temporal_address, task_queue=stack.task_queue)
         client = await connect(settings)
         yield BenchStack(stack, cluster, client, settings, slurmd_timeout or original_timeout)
     finally:
