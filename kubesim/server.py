@@ -33,6 +33,7 @@ import json
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from . import schemas
 from .front import ApiFront
 from .resources import ResourceType, custom_type
 from .selectors import SelectorError, fields_match, labels_match, parse_fields, parse_labels
@@ -311,5 +312,10 @@ class KubeApiServer(ApiFront):
         dry_run = dry_run or (
             isinstance(eviction, dict) and (eviction.get("deleteOptions") or {}).get("dryRun") == ["All"]
         )
+        if self.store.builtin_schemas is not None and isinstance(eviction, dict):
+            # the server takes the type from the URL when the body leaves it out (clients often do)
+            typed = {"apiVersion": "policy/v1", "kind": "Eviction", **eviction}
+            if found := schemas.builtin_problems(self.store.builtin_schemas, typed):
+                raise ApiError(422, "Invalid", f'Eviction "{name}" is invalid: {", ".join(found)}', name=name)
         self.store.evict(namespace, name, eviction, dry_run=dry_run)
         return JSONResponse(status_body(201, "", "", failure=False), status_code=201)

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
-from . import crds, patch as patches
+from . import patch as patches, schemas
 from .resources import BUILTIN_TYPES, ResourceType
 from .selectors import SelectorError, from_label_selector, labels_match
 
@@ -92,12 +92,18 @@ def _invalid(rt: ResourceType, name: str, what: str) -> ApiError:
     return ApiError(422, "Invalid", f'{rt.kind} "{name}" is invalid: {what}', rt=rt, name=name)
 
 
-def _admit(rt: ResourceType, obj: dict) -> None:
-    """A custom object through its CRD's schema: defaults filled in, then validated (422)."""
+def _admit(rt: ResourceType, obj: dict, builtin_schemas: str | None) -> None:
+    """A custom object through its CRD's schema (defaults filled in, then validated), a built-in one
+    through its type's schema in the `builtin_schemas` Kubernetes release, if set: 422 if it fails."""
     if rt.crd is not None:
-        crds.fill_defaults(rt.crd, rt.version, obj)
-        if found := crds.problems(rt.crd, rt.version, obj):
-            raise _invalid(rt, obj["metadata"].get("name", ""), ", ".join(found))
+        schemas.fill_defaults(rt.crd, rt.version, obj)
+        found = schemas.problems(rt.crd, rt.version, obj)
+    elif builtin_schemas is not None and not rt.custom:
+        found = schemas.builtin_problems(builtin_schemas, obj)
+    else:
+        return
+    if found:
+        raise _invalid(rt, obj["metadata"].get("name", ""), ", ".join(found))
 
 
 def _timestamp(after_seconds: float = 0) -> str:
@@ -177,6 +183,9 @@ class Store:
     def __init__(self, *, add_not_ready_taint: bool = False):
         self.lock = threading.RLock()
         self.add_not_ready_taint = add_not_ready_taint
+        # A Kubernetes release ("1.37.0"): every built-in object written is checked against its
+        # type's schema there (about 10 ms a write, so only the tests that ask for it)
+        self.builtin_schemas: str | None = None
         self.types: dict[tuple[str, str, str], ResourceType] = {}
         self._kinds: dict[tuple[str, str], ResourceType] = {}  # (group, plural) -> type
         self._objects: dict[tuple[str, str], dict[tuple[str, str], dict]] = {}
@@ -332,7 +341,7 @@ class Store:
                 if not obj["status"]:
                     del obj["status"]
             self._normalize(rt, obj)
-            _admit(rt, obj)
+            _admit(rt, obj, self.builtin_schemas)
             if rt.plural == "nodes" and not rt.group and self.add_not_ready_taint:
                 # The TaintNodesByCondition admission plugin: every new Node starts not-ready.
                 self._set_not_ready_taint(obj, True)
@@ -414,7 +423,7 @@ class Store:
                     result["status"] = copy.deepcopy(old["status"])
         self._normalize(rt, result)
         result["kind"], result["apiVersion"] = rt.kind, rt.api_version
-        _admit(rt, result)
+        _admit(rt, result, self.builtin_schemas)
         result["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         if result == old:  # a no-op write stores nothing and keeps the resourceVersion
             return old

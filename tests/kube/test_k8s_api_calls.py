@@ -26,6 +26,7 @@ from tests.kube.k8s_support import (
     rbac_rule_of,
     slurmd_pod,
 )
+from tests.kubeapi.fixtures import KUBERNETES_RELEASE
 
 
 class RequestLog:
@@ -46,8 +47,12 @@ class RequestLog:
 
 
 async def test_every_request_is_declared_and_every_declared_call_is_made(
-    kube_api, kube_client, kube_seed, kube_driver, kube_namespace, tmp_path
+    kube_api, kube_simulator, kube_client, kube_seed, kube_driver, kube_namespace, tmp_path
 ):
+    """And every object the steps write (Nodes and their status, the Eviction, pods) passes its
+    type's schema in a current Kubernetes release, which the test server checks (422 otherwise)."""
+    if kube_simulator is not None:
+        kube_simulator.store.builtin_schemas = KUBERNETES_RELEASE
     ns = kube_namespace
     for node in ("gpu-2", "gpu-3", "gpu-4"):
         kube_seed.node(node)

@@ -11,7 +11,7 @@ from kubernetes import client, config
 from backends.kubernetes.errors import NodeSetNotFound
 from backends.kubernetes.providers import NodeSetReplacement
 from contracts.kubernetes import NODESET_GROUP, NODESET_PLURAL, K8sReplacementRequest, NodeSetRef
-from kubesim import crds
+from kubesim import schemas
 from kubesim.server import KubeApiServer
 from kubesim.slinky import NODESET_CRD
 from tests.kube.k8s_support import ctx
@@ -71,7 +71,7 @@ async def test_on_slinky_1x_the_replacement_finds_v1beta1_and_its_writes_pass_sl
         NODESET_GROUP, "v1beta1", NAMESPACE, NODESET_PLURAL, "gpu"
     )
     assert nodeset["spec"]["replicas"] == 3
-    assert crds.problems(NODESET_CRD, "v1beta1", nodeset) == []
+    assert schemas.problems(NODESET_CRD, "v1beta1", nodeset) == []
 
 
 def test_the_test_server_refuses_a_nodeset_that_breaks_slinkys_schema(serving):

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import base64
 import datetime
+import ssl
 
+import httpx
 import pytest
 from kubernetes import client
 from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
-from tests.kubeapi.fixtures import eventually, expect_api_error
+from tests.kubeapi.fixtures import KUBERNETES_RELEASE, eventually, expect_api_error
 
 NODESET = ("slinky.slurm.net", "v1alpha1")
 
@@ -237,3 +239,31 @@ def test_leases_work_with_the_clients_lease_lock(kube_client, kube_namespace):
     # b's copy is stale now: its take-over is a 409 on the lease's resourceVersion, so it fails.
     assert not b.update("recovery-leader", kube_namespace, record("worker-b", start + datetime.timedelta(seconds=6)))
     assert a.get("recovery-leader", kube_namespace)[1].holder_identity == "worker-a"
+
+
+def test_with_builtin_schemas_a_write_that_breaks_its_types_schema_is_422(kube_simulator, core, kube_namespace):
+    """KubeApiServer.store.builtin_schemas: each built-in object written, and an Eviction, is checked
+    against its type's schema in that Kubernetes release (test_k8s_api_calls.py turns it on). Sent
+    raw: the official client refuses such bodies itself."""
+    if kube_simulator is None:
+        pytest.skip("a real cluster checks its own schemas")
+    kube_simulator.store.builtin_schemas = KUBERNETES_RELEASE
+    headers = {"Authorization": f"Bearer {kube_simulator.token}"}
+    trust = ssl.create_default_context(cafile=kube_simulator.ca_file)
+
+    def sent(method: str, path: str, body: dict) -> httpx.Response:
+        with httpx.Client(base_url=kube_simulator.url, headers=headers, verify=trust) as api:
+            return api.request(method, path, json=body)
+
+    core.create_node({"metadata": {"name": "gpu-schema"}, "spec": {"unschedulable": True}})  # valid
+    refused = sent("POST", "/api/v1/nodes", {"metadata": {"name": "gpu-bad"}, "spec": {"unschedulabel": True}})
+    assert refused.status_code == 422 and "unschedulabel" in refused.json()["message"], refused.text
+    node = core.read_node("gpu-schema").to_dict()
+    wrong_taint = {"metadata": {"name": "gpu-schema", "resourceVersion": node["metadata"]["resource_version"]}}
+    wrong_taint["spec"] = {"taints": [{"key": "k", "effect": "NoSchedule", "valu": "x"}]}
+    assert sent("PUT", "/api/v1/nodes/gpu-schema", wrong_taint).status_code == 422
+    core.create_namespaced_pod(kube_namespace, {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}})
+    eviction = {"metadata": {"name": "p"}, "gracePeriod": 1}
+    refused = sent("POST", f"/api/v1/namespaces/{kube_namespace}/pods/p/eviction", eviction)
+    assert refused.status_code == 422 and "gracePeriod" in refused.json()["message"], refused.text
+    assert "gpu-bad" not in {n.metadata.name for n in core.list_node().items}

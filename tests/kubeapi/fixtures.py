@@ -47,6 +47,9 @@ REAL_CLUSTER_ENV = "RECOVERY_TEST_KUBECONFIG"
 # so that the server's own tests can write any NodeSet. Today's v1beta1, validated by Slinky's CRD,
 # is the drill's (kubesim/slinky.py) and test_k8s_nodeset_versions.py's.
 FIXTURE_NODESET = ("slinky.slurm.net", "v1alpha1", "nodesets")
+# The Kubernetes release whose built-in schemas (kubernetes-validate's) a test may have the server
+# check every write against (KubeApiServer.store.builtin_schemas).
+KUBERNETES_RELEASE = "1.37.0"
 
 
 @pytest.fixture

@@ -1,7 +1,9 @@
-"""CustomResourceDefinitions' schemas, applied as the API server applies them to every write of a
-custom object: the schema's defaults first (apiextensions-apiserver's structural defaulting: a
-missing property with a `default` gets it wherever its parent object is present), then validation,
-whose failures are the 422 Invalid a client gets.
+"""Schemas, applied as the API server applies them to every write: a CustomResourceDefinition's to
+its custom objects (the schema's defaults first, as apiextensions-apiserver's structural defaulting
+does: a missing property with a `default` gets it wherever its parent object is present; then
+validation), and, when the server is started with a Kubernetes version, the built-in types' OpenAPI
+schemas of that release (from the kubernetes-validate package, a test dependency). A failure is the
+422 Invalid a client gets.
 
 Not simulated: pruning of unknown fields (a real server drops them, with a warning, unless the
 schema preserves them; here they are refused, which is stricter) and CEL validation rules.
@@ -84,3 +86,16 @@ def problems(filename: str, version: str, obj: dict[str, Any]) -> list[str]:
         path = ".".join(str(p) for p in error.absolute_path) or "<root>"
         found.append(f"{path}: Invalid value: {error.message}")
     return found
+
+
+def builtin_problems(kubernetes_version: str, obj: dict[str, Any]) -> list[str]:
+    """Each way a built-in object breaks its type's schema in that Kubernetes release (unknown
+    fields included)."""
+    import kubernetes_validate  # only a server started with builtin_schemas needs it
+
+    try:
+        kubernetes_validate.validate(obj, kubernetes_version, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        path = ".".join(str(p) for p in e.path) or "<root>"
+        return [f"{path}: Invalid value: {e.message}"]
+    return []
