@@ -89,9 +89,9 @@ def slurm_cluster(local_stack: LocalStack):
 def pytest_collection_modifyitems(config, items):
     """Tests marked every_slurm_generation run on every generation: the Slurm backends and their
     REST contract, the local stack, the XID 79 drill (and its REST-only worker), the incomplete
-    checkpoint and the worker's crash. The rest, whose subject is the controller's decisions, run
-    on the newest only. RECOVERY_TEST_GENERATIONS=all runs every test on every generation (about
-    70 minutes more than CI's run on the 2-core machine)."""
+    checkpoint, the worker's crash, and the CLI cut off from slurmctld. The rest, whose subject is
+    the controller's decisions, run on the newest only. RECOVERY_TEST_GENERATIONS=all runs every
+    test on every generation (longer than CI allows on the 2-core machine)."""
     if os.environ.get("RECOVERY_TEST_GENERATIONS") == "all":
         return
     kept, older = [], []

@@ -116,6 +116,7 @@ TRANSIENT = [
     ("signal_job", dict(status=500)),
     ("get_job", dict(delay=REST_TIMEOUT + 2)),  # the requeue's first read: the client gives up
     ("set_excluded_nodes", dict(status=409)),  # after the requeue: the retry must not requeue again
+    ("requeue_hold", dict(drop=True, after_forward=True)),  # v0.0.45: requeued, the answer lost
 ]
 
 
@@ -142,12 +143,15 @@ async def test_transient_slurmrestd_faults_at_every_call_are_retried_and_the_job
         method, path = rest_path(op)
         seen = proxy.requests(method, path)
         assert fault.hits == (fault.times or 0), (op, seen)
+        if op == "requeue_hold":  # its effect made, the retry read it in the restart count: never asked twice
+            assert len(seen) == 1, seen
+            continue
         # ... and the call was made again, and went through, after its faults
         assert any(s.fault is None for s in seen[fault.hits :]), (op, seen)
     # Every effect once: Slurm's own restart count, the audit trail, one drain of this incident.
     assert job.restart_count == 1, f"requeued {job.restart_count} times"
     [requeue] = actions(report, "requeue_hold")
-    if "set_excluded_nodes" in injected:  # failed after the requeue: the retry found it done
+    if {"set_excluded_nodes", "requeue_hold"} & injected.keys():  # failed after the requeue: the retry found it done
         assert (requeue.path, requeue.detail) == ("none", "already requeued by an earlier attempt (restart count 1)")
     else:
         assert requeue.path == "cli"
@@ -249,6 +253,7 @@ async def test_a_persistent_fault_on_a_read_before_a_destructive_step_fails_the_
 # --- the CLI cannot reach slurmctld -------------------------------------------------------------
 
 
+@pytest.mark.every_slurm_generation
 async def test_the_cli_unable_to_reach_slurmctld_fails_the_incident_closed(
     time_skipping_env, local_stack, slurm_cluster, settings
 ):
@@ -256,13 +261,14 @@ async def test_the_cli_unable_to_reach_slurmctld_fails_the_incident_closed(
     CLI call fails (scontrol exits non-zero; 22.05's sinfo and squeue --json exit 0 with the failure
     in their `errors`). slurmrestd still answers, so the incident goes as far as the REST calls
     take it and stops at its first CLI call: with 22.05 the drain's read of the node; with 24.11,
-    whose node and job calls are REST, after the jobs were found, before any was requeued (no
-    slurmrestd can requeue)."""
+    whose node and job calls are REST, after the jobs were found, before any was requeued (its
+    slurmrestd cannot requeue). With 26.05 no call is the CLI's: the incident recovers."""
     unreachable = _conf_with_unreachable_controller(Path(slurm_cluster["SLURM_CONF"]))
     try:
         cut_off = settings.model_copy(update={"slurm_conf": str(unreachable)})
         async with worker_behind_proxy(time_skipping_env.client, cut_off) as (proxy, slurm):
             node_reads_by_cli = slurm.path_for("get_node") == "cli"
+            rest_alone = SlurmClient(None, slurm.rest).without_a_path() == []
             drill = drill_on(
                 time_skipping_env.client,
                 local_stack,
@@ -275,6 +281,10 @@ async def test_the_cli_unable_to_reach_slurmctld_fails_the_incident_closed(
             report, job, node = await follow_to_the_end(drill, run)
     finally:
         unreachable.unlink()
+    if rest_alone:
+        assert report.outcome == "recovered" and job.restart_count == 1, report.outcome
+        assert {a.path for a in report.actions if a.path in ("cli", "rest")} == {"rest"}
+        return
     failed_in = report.phases[-1].name
     assert report.outcome.startswith(f"failed in {failed_in}: SlurmUnavailable: "), report.outcome
     assert re.search(
