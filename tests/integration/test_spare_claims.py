@@ -23,6 +23,7 @@ from backends.replacement import HotSparePool
 from contracts.models import ActionContext, NodeFailureAlert
 from drills.drill import Drill
 from starter.alerts import raise_alert
+from tests.conftest import NEWEST_GENERATION
 from tests.faults.proxy import FaultProxy
 from tests.integration.conftest import stack_settings
 from worker import activities_for, build_slurm, build_worker
@@ -32,7 +33,8 @@ pytestmark = pytest.mark.slurm
 FAILED = ["gpu-3", "gpu-4"]
 
 
-@pytest.mark.parametrize("local_stack", ["24.11"], indirect=True)
+# REST node updates (from 24.11 on): the delay is injected at slurmrestd
+@pytest.mark.parametrize("local_stack", [NEWEST_GENERATION], indirect=True)
 async def test_two_incidents_on_two_workers_never_both_take_the_one_spare(temporal_env, local_stack, slurm_cluster):
     task_queue = f"spare-claims-{uuid.uuid4()}"
     # The budget lets both incidents under remediation at once (by default one node of the partition).
