@@ -15,6 +15,7 @@ import asyncio
 import getpass
 import json
 import os
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -549,7 +550,11 @@ class SimulatedKubernetes:
 
     async def check(self, report: IncidentReport, run: DrillRun) -> list[DrillCheck]:
         if report.dry_run or run.fault_class not in (FaultClass.FATAL, FaultClass.DEGRADING):
-            writes = self.server.writes()[self._seed_writes :]
+            # the simulated slurm-operator's own writes (pod labels and conditions) are not the recovery's
+            operator = re.compile(rf"^/api/v1/namespaces/{re.escape(self.settings.namespace)}/pods/[^/]+(/status)?$")
+            writes = [
+                (m, p) for m, p in self.server.writes()[self._seed_writes :] if not (m == "PATCH" and operator.match(p))
+            ]
             return [
                 DrillCheck(
                     name="Kubernetes saw no write",
@@ -574,11 +579,13 @@ class SimulatedKubernetes:
         evictions = [a for a in report.actions if a.action == "evict_slurmd_pod" and a.path == "kubernetes"]
         requested = [path for method, path in self.server.requests if method == "POST" and path.endswith("/eviction")]
         expected = f"/api/v1/namespaces/{self.settings.namespace}/pods/{failed}/eviction"
+        # one eviction (asked again while the pod-protect PodDisruptionBudget refused it: never forced)
         passed = (
             len(evictions) == 1
             and {"drain_node", "requeue_hold"} <= {a.action for a in slurm_side}
             and all(a.at <= evictions[0].at for a in slurm_side)
-            and requested == [expected]
+            and bool(requested)
+            and set(requested) == {expected}
         )
         return DrillCheck(
             name="slurmd pod evicted after the drain and the requeue",

@@ -13,6 +13,9 @@ those Nodes, a Running and Ready slurmd pod whose name and hostname are the Slur
 Then these run in background threads, each talking to the server over HTTPS with the official
 client, as the real ones would:
 
+- slurm-operator's own reconciling (SlinkyOperator): the drains of cordoned Nodes' and cordoned
+  pods' Slurm nodes, with its reason prefix, and their undrain; pod-protect on busy pods behind the
+  workers' PodDisruptionBudget (created at start); the SlurmNodeState* pod conditions;
 - the Kubelet (simulators.py): an evicted slurmd pod runs its preStop hook, which sets its Slurm
   node DOWN with the reason `slurm-operator: Pod is terminating`, and goes a second later;
 - the Provisioner (simulators.py), which also brings up a Node when the NodeSet controller asks,
@@ -43,16 +46,34 @@ from kubernetes import client, config
 
 from backends.slurm import SlurmCli
 from contracts.kubernetes import SLURMD_PRE_STOP_REASON
+from contracts.models import SlurmNode
 from kubesim.server import KubeApiServer
 from kubesim.simulators import NODESET, Kubelet, Provisioner, _Simulator
 
-SLURMD_LABELS = {"app.kubernetes.io/name": "slurmd"}
+CONTROLLER = "slurm"  # the Slurm cluster (Controller) the NodeSet belongs to
+CLUSTER_LABEL = "slinky.slurm.net/cluster"
+SLURMD_LABELS = {"app.kubernetes.io/name": "slurmd", CLUSTER_LABEL: CONTROLLER}
 SLURMD_SELECTOR = ",".join(f"{key}={value}" for key, value in SLURMD_LABELS.items())
 GPU_RESOURCE = "nvidia.com/gpu"
 GPUS_PER_NODE = 8
 SLURMD_EXIT_SECONDS = 1.0  # slurmd stops this soon after SIGTERM: the kubelet then removes its pod
 TICK_SECONDS = 0.25  # how often each simulated actor looks: quick enough for a drill, light on the CPU
 NODESET_CRD = "slinky.slurm.net_nodesets.yaml"  # in kubesim/crds/
+# slurm-operator's names (api/v1beta1/well_known.go, slurmcontrol.go, pkg/conditions)
+OPERATOR_REASON_PREFIX = "slurm-operator: "
+NODE_CORDON_REASON_ANNOTATION = "nodeset.slinky.slurm.net/node-cordon-reason"
+POD_CORDON_ANNOTATION = "nodeset.slinky.slurm.net/pod-cordon"
+POD_PROTECT_LABEL = "nodeset.slinky.slurm.net/pod-protect"
+SLURM_CONDITION_FLAGS = {
+    "COMPLETING",
+    "DRAIN",
+    "FAIL",
+    "INVALID",
+    "INVALID_REG",
+    "MAINTENANCE",
+    "NOT_RESPONDING",
+    "UNDRAIN",
+}
 
 
 class SlinkyCluster:
@@ -72,6 +93,7 @@ class SlinkyCluster:
         self._actors = ExitStack()
         self._dir = ""
         self.kubeconfig: Path | None = None  # written by start()
+        self.operator: SlinkyOperator | None = None  # started by start()
 
     @staticmethod
     def node_of(slurm_node: str) -> str:
@@ -87,7 +109,10 @@ class SlinkyCluster:
             provisioner = NodeProvisioner(
                 api, name_pattern="k8s-gpu-new-{n}", gpus=GPUS_PER_NODE, interval=TICK_SECONDS
             )
+            self.operator = SlinkyOperator(api, self._slurm, namespace=self.namespace, interval=TICK_SECONDS)
+            self.operator.reconcile()  # the pods' labels and conditions as they are, before anyone looks
             for actor in (
+                self.operator,
                 Kubelet(api, finish_after=SLURMD_EXIT_SECONDS, interval=TICK_SECONDS, pre_stop=self._slurmd_pre_stop),
                 provisioner,
                 NodeSetController(
@@ -113,6 +138,9 @@ class SlinkyCluster:
 
     def _seed(self, core: client.CoreV1Api, custom: client.CustomObjectsApi) -> None:
         core.create_namespace({"metadata": {"name": self.namespace}})
+        client.PolicyV1Api(core.api_client).create_namespaced_pod_disruption_budget(
+            self.namespace, workers_pdb(self.namespace, CONTROLLER)
+        )
         custom.create_namespaced_custom_object(
             NODESET[0],
             NODESET[1],
@@ -122,7 +150,7 @@ class SlinkyCluster:
                 "apiVersion": f"{NODESET[0]}/{NODESET[1]}",
                 "kind": "NodeSet",
                 "metadata": {"name": self.nodeset},
-                "spec": {"controllerRef": {"name": "slurm"}, "replicas": len(self._compute)},
+                "spec": {"controllerRef": {"name": CONTROLLER}, "replicas": len(self._compute)},
             },
         )
         # what the operator's NodeSet controller reports once its pods run (status requires both)
@@ -204,6 +232,116 @@ def can_take_slurmd(node: client.V1Node) -> bool:
     off, GPUs allocatable."""
     blocked = node.spec.unschedulable or any(t.effect in ("NoSchedule", "NoExecute") for t in node.spec.taints or [])
     return is_ready(node) and not blocked and int((node.status.allocatable or {}).get(GPU_RESOURCE, "0")) > 0
+
+
+class SlinkyOperator(_Simulator):
+    """What Slinky's slurm-operator (1.2, internal/controller/nodeset at f2ed3fc5) does to the
+    slurmd pods it runs and their Slurm nodes, besides creating them (NodeSetController, below):
+
+    - syncCordon: a pod on a cordoned Node has its Slurm node drained with the reason
+      `slurm-operator: ` + the Node's `nodeset.slinky.slurm.net/node-cordon-reason`, or
+      `Node (<node>) was cordoned, Pod (<ns>/<pod>) must be cordoned`, and gets the annotation
+      `nodeset.slinky.slurm.net/pod-cordon=true`; a pod with that annotation (on a schedulable Node)
+      is drained with `Pod (<ns>/<pod>) was cordoned`; without it, an operator-owned drain is
+      undrained (and the pod-cordon it set for a cordoned Node goes once the Node is schedulable).
+      Only a reason that is empty or the operator's (the prefix) counts as its own: an external
+      drain, or a node DOWN for "Not responding", is never touched.
+    - workloadDisruptionProtection: a pod whose Slurm node is busy (allocated, mixed or completing)
+      carries `nodeset.slinky.slurm.net/pod-protect=true`, which the PodDisruptionBudget
+      `slurm-workers-pdb-<controller>` (maxUnavailable 0) matches, so evicting it gets 429.
+    - Pod conditions SlurmNodeState<State> (status True, message the Slurm node's reason), one
+      per base state and flag, stale ones removed.
+
+    Reconciled every tick (the operator: on events and every 30 s).
+    """
+
+    def __init__(self, api_client: client.ApiClient, slurm: SlurmCli, *, namespace: str, interval: float):
+        super().__init__(api_client, interval)
+        self._slurm, self._namespace = slurm, namespace
+        self._cordoned_for_node: set[str] = set()  # pod UIDs it annotated pod-cordon because of their Node
+
+    def reconcile(self) -> None:
+        self._tick()
+
+    def _tick(self) -> None:
+        core = client.CoreV1Api(self._api)
+        pods = core.list_namespaced_pod(self._namespace, label_selector=SLURMD_SELECTOR).items
+        nodes = {n.metadata.name: n for n in core.list_node().items}
+        slurm = {n.name: n for n in asyncio.run(self._slurm.list_nodes())}
+        for pod in pods:
+            found = slurm.get(pod.spec.hostname or "")
+            node = nodes.get(pod.spec.node_name or "")
+            if pod.metadata.deletion_timestamp is not None or found is None or node is None:
+                continue
+            self._sync_cordon(core, pod, node, found)
+            self._sync_protection(core, pod, found)
+            self._sync_conditions(core, pod, found)
+
+    def _sync_cordon(self, core: client.CoreV1Api, pod: client.V1Pod, node: client.V1Node, found: SlurmNode) -> None:
+        ours = not found.reason or found.reason.startswith(OPERATOR_REASON_PREFIX)
+        if not ours or (found.state == "down" and "Not responding" in found.reason):
+            return
+        annotations = pod.metadata.annotations or {}
+        where = f"{pod.metadata.namespace}/{pod.metadata.name}"
+        if node.spec.unschedulable:
+            reason = (node.metadata.annotations or {}).get(NODE_CORDON_REASON_ANNOTATION) or (
+                f"Node ({node.metadata.name}) was cordoned, Pod ({where}) must be cordoned"
+            )
+            if annotations.get(POD_CORDON_ANNOTATION) != "true":
+                self._annotate(core, pod, "true")
+                self._cordoned_for_node.add(pod.metadata.uid)
+            self._drain(found, reason)
+        elif pod.metadata.uid in self._cordoned_for_node:
+            # syncPodUncordon: its own pod-cordon goes once the Node is schedulable again
+            self._annotate(core, pod, None)
+            self._cordoned_for_node.discard(pod.metadata.uid)
+        elif annotations.get(POD_CORDON_ANNOTATION) == "true":
+            self._drain(found, f"Pod ({where}) was cordoned")
+        elif found.drained and "UNDRAIN" not in found.flags:
+            asyncio.run(self._slurm.run("scontrol", "update", f"NodeName={found.name}", "State=UNDRAIN"))
+
+    def _annotate(self, core: client.CoreV1Api, pod: client.V1Pod, cordon: str | None) -> None:
+        patch = {"metadata": {"annotations": {POD_CORDON_ANNOTATION: cordon}}}  # None: a merge patch removes it
+        core.patch_namespaced_pod(pod.metadata.name, self._namespace, patch)
+
+    def _drain(self, found: SlurmNode, reason: str) -> None:
+        # MakeNodeDrain keeps a reason already there (the operator's own, by now)
+        if not (found.drained and found.reason):
+            asyncio.run(self._slurm.update_node(found.name, "DRAIN", OPERATOR_REASON_PREFIX + reason))
+
+    def _sync_protection(self, core: client.CoreV1Api, pod: client.V1Pod, found: SlurmNode) -> None:
+        busy = found.state in ("allocated", "mixed") or "COMPLETING" in found.flags
+        labelled = (pod.metadata.labels or {}).get(POD_PROTECT_LABEL) == "true"
+        if busy != labelled:
+            value = "true" if busy else None  # None: a merge patch removes the label
+            core.patch_namespaced_pod(
+                pod.metadata.name, self._namespace, {"metadata": {"labels": {POD_PROTECT_LABEL: value}}}
+            )
+
+    def _sync_conditions(self, core: client.CoreV1Api, pod: client.V1Pod, found: SlurmNode) -> None:
+        states = [found.state.upper(), *(f for f in found.flags if f in SLURM_CONDITION_FLAGS)]
+        wanted = {f"SlurmNodeState{s.title().replace('_', '')}": found.reason for s in states}
+        conditions = pod.status.conditions or []
+        have = {c.type: c.message or "" for c in conditions if c.type.startswith("SlurmNodeState")}
+        if have == wanted:
+            return
+        kept = [{"type": c.type, "status": c.status} for c in conditions if not c.type.startswith("SlurmNodeState")]
+        merged = kept + [{"type": t, "status": "True", "message": m} for t, m in sorted(wanted.items())]
+        # a strategic merge keyed on type would keep the stale ones: the whole list, replaced
+        core.patch_namespaced_pod_status(
+            pod.metadata.name, self._namespace, [{"op": "replace", "path": "/status/conditions", "value": merged}]
+        )
+
+
+def workers_pdb(namespace: str, controller: str) -> dict:
+    """The PodDisruptionBudget slurm-operator makes for a Slurm cluster's workers (worker_pdb.go)."""
+    return {
+        "metadata": {"name": f"slurm-workers-pdb-{controller}", "namespace": namespace},
+        "spec": {
+            "maxUnavailable": 0,
+            "selector": {"matchLabels": {POD_PROTECT_LABEL: "true", CLUSTER_LABEL: controller}},
+        },
+    }
 
 
 class NodeProvisioner(Provisioner):
