@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import getpass
 import json
+import logging
 import os
 import re
 import sys
@@ -39,6 +40,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError, RPCStatusCode
 
 from cli.report_html import write_report_html
@@ -965,7 +967,19 @@ def hooks(
 # --- main --------------------------------------------------------------------------------------
 
 
+def _core_logs_to_stderr() -> None:
+    """The Temporal SDK core's own log lines (say, a warning from a drill's in-process worker) go
+    through Python's logging, to stderr: printed by the core, one landed on stdout before the JSON
+    of `recovery drill --k8s --json`, and a script reading that JSON failed."""
+    forwarded = LoggingConfig(
+        filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
+        forwarding=LogForwardingConfig(logger=logging.getLogger("temporalio.core")),
+    )
+    Runtime.set_default(Runtime(telemetry=TelemetryConfig(logging=forwarded)), error_if_already_set=False)
+
+
 def main(argv: list[str] | None = None) -> None:
+    _core_logs_to_stderr()
     try:
         app(args=argv, prog_name="recovery")
         code = EXIT_OK
