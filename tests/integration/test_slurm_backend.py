@@ -226,7 +226,7 @@ async def test_a_node_downed_by_the_controller_stays_down_when_its_slurmd_return
         await client.update_node(COMPUTE_NODE, "RESUME", None)
 
 
-async def test_a_node_reads_idle_as_soon_as_its_job_has_left(backends, local_stack, slurm_cluster):
+async def test_a_node_reads_idle_as_soon_as_its_job_has_left(backends):
     """The CPUs Slurm counts on a node are current in every read: on 24.11 a single-node query
     answered with those of the last full listing, so a node whose job had just been requeued read
     MIXED (DOWN+DRAIN read MIXED+DRAIN) until someone listed every node, and the slurmd pod's
@@ -234,21 +234,7 @@ async def test_a_node_reads_idle_as_soon_as_its_job_has_left(backends, local_sta
     from drills.localstack import wait_async
 
     cli, _, client = backends
-    env = local_stack.slurm_cli_env(slurm_cluster)
-    submitted = await asyncio.create_subprocess_exec(
-        "sbatch",
-        "--parsable",
-        f"--nodelist={COMPUTE_NODE}",
-        "--ntasks=1",
-        "--output=/dev/null",
-        "--wrap=sleep 300",
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await submitted.communicate()
-    assert submitted.returncode == 0, err.decode()
-    job_id = int(out.decode().split(";")[0])
+    job_id = await sleeper_on_the_compute_node(cli)
     try:
 
         async def counted_busy():  # a full listing while the job runs: it counts the job's CPU
@@ -256,8 +242,7 @@ async def test_a_node_reads_idle_as_soon_as_its_job_has_left(backends, local_sta
 
         await wait_async(counted_busy, 40, f"job {job_id} to run on {COMPUTE_NODE}")
     finally:
-        cancel = await asyncio.create_subprocess_exec("scancel", str(job_id), env=env)
-        await cancel.wait()
+        await cli.run("scancel", str(job_id))
 
     async def job_left():
         return not await client.jobs_on_node(COMPUTE_NODE)
@@ -270,31 +255,14 @@ async def test_a_node_reads_idle_as_soon_as_its_job_has_left(backends, local_sta
     await wait_async(idle, 10, f"{COMPUTE_NODE} to read idle with no job on it")
 
 
-async def test_a_running_job_is_requeued_held_unpinned_and_released_on_the_paths_its_version_allows(
-    backends, local_stack, slurm_cluster
-):
+async def test_a_running_job_is_requeued_held_unpinned_and_released_on_the_paths_its_version_allows(backends):
     """The requeue's writes through the client, each on the path the server's API version allows
     (all of them over REST on 26.05): the job is requeued held (restart count one up), its pin is
     cleared and set again, and it is released. An empty list would leave the pin over REST."""
     from drills.localstack import wait_async
 
     cli, rest, client = backends
-    env = local_stack.slurm_cli_env(slurm_cluster)
-    submitted = await asyncio.create_subprocess_exec(
-        "sbatch",
-        "--parsable",
-        "--requeue",
-        f"--nodelist={COMPUTE_NODE}",
-        "--ntasks=1",
-        "--output=/dev/null",
-        "--wrap=sleep 300",
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await submitted.communicate()
-    assert submitted.returncode == 0, err.decode()
-    job_id = int(out.decode().split(";")[0])
+    job_id = await sleeper_on_the_compute_node(cli, "--requeue")
     try:
 
         async def running():
@@ -319,8 +287,21 @@ async def test_a_running_job_is_requeued_held_unpinned_and_released_on_the_paths
         assert [c.path for c in calls] == [client.path_for(op) for op in operations]
         assert all(c.executed for c in calls)
     finally:
-        cancel = await asyncio.create_subprocess_exec("scancel", str(job_id), env=env)
-        await cancel.wait()
+        await cli.run("scancel", str(job_id))
+
+
+async def sleeper_on_the_compute_node(cli: SlurmCli, *options: str) -> int:
+    """A one-task job that sleeps on COMPUTE_NODE: its id."""
+    out = await cli.run(
+        "sbatch",
+        "--parsable",
+        *options,
+        f"--nodelist={COMPUTE_NODE}",
+        "--ntasks=1",
+        "--output=/dev/null",
+        "--wrap=sleep 300",
+    )
+    return int(out.split(";")[0])
 
 
 async def _not_responding(client) -> bool:
