@@ -43,6 +43,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
 from backends.slurm import SlurmCli
 from contracts.kubernetes import SLURMD_PRE_STOP_REASON
@@ -325,12 +326,21 @@ class SlinkyOperator(_Simulator):
         have = {c.type: c.message or "" for c in conditions if c.type.startswith("SlurmNodeState")}
         if have == wanted:
             return
-        kept = [{"type": c.type, "status": c.status} for c in conditions if not c.type.startswith("SlurmNodeState")]
+        kept = [
+            core.api_client.sanitize_for_serialization(c) for c in conditions if not c.type.startswith("SlurmNodeState")
+        ]
         merged = kept + [{"type": t, "status": "True", "message": m} for t, m in sorted(wanted.items())]
-        # a strategic merge keyed on type would keep the stale ones: the whole list, replaced
-        core.patch_namespaced_pod_status(
-            pod.metadata.name, self._namespace, [{"op": "replace", "path": "/status/conditions", "value": merged}]
-        )
+        # A strategic merge keyed on type would keep the stale ones: the whole list is replaced, only
+        # if the pod is as read (a kubelet's Ready written meanwhile must not be lost); else next tick.
+        patch = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": pod.metadata.resource_version},
+            {"op": "replace", "path": "/status/conditions", "value": merged},
+        ]
+        try:
+            core.patch_namespaced_pod_status(pod.metadata.name, self._namespace, patch)
+        except ApiException as e:
+            if e.status not in (409, 422):
+                raise
 
 
 def workers_pdb(namespace: str, controller: str) -> dict:

@@ -274,8 +274,10 @@ async def test_worker_killed_while_it_evicts_the_slurmd_pod_the_next_one_evicts_
     r = result.report
     where = f"worker {killed} killed during release_node (the eviction) after {refusals.hits} refusals"
     assert r.outcome == "recovered", f"{where}: {r.model_dump_json(indent=1)}"
-    # Refused each time but one: the pod was evicted once, by the second worker.
-    assert posts == [f"/api/v1/namespaces/slurm/pods/{r.node}/eviction"] * (refusals.hits + 1), (where, posts)
+    # Refused each time but the last (by the injected 429s, and by Slinky's pod-protect budget while
+    # the operator still saw the node busy): every request for this pod, the last one by the second worker.
+    assert set(posts) == {f"/api/v1/namespaces/slurm/pods/{r.node}/eviction"}, (where, posts)
+    assert len(posts) >= refusals.hits + 1, (where, posts)
     assert [a.path for a in r.actions if a.action == "evict_slurmd_pod"] == ["kubernetes"], where
     evicted_by = (await activity_starts(run.handle, "release_node"))[-1].identity
     assert evicted_by.startswith(f"{second}@"), (where, evicted_by)
@@ -283,5 +285,4 @@ async def test_worker_killed_while_it_evicts_the_slurmd_pod_the_next_one_evicts_
     job = await case.drill.slurm.get_job(result.job_id)
     assert job.restart_count == 1 and r.node not in job.nodes, (where, job)
     assert case.ctld_log_since_start().count(f"Requeuing JobId={result.job_id}\n") == 1, where
-    # Every drill check holds but the one that counts eviction requests (several here, by design).
-    assert [c.name for c in result.checks if not c.passed] == ["slurmd pod evicted after the drain and the requeue"]
+    assert result.passed, [c for c in result.checks if not c.passed]

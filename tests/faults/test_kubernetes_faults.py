@@ -328,12 +328,10 @@ async def test_a_k8s_incident_with_transient_faults_on_the_fence_and_the_evictio
     r = result.report
     assert r.outcome == "recovered", r.model_dump_json(indent=1)
     assert all(f.hits == 1 for f in injected), injected
-    # Two eviction requests met a fault and took no effect; the third evicted the pod, once.
-    assert evictions == [f"/api/v1/namespaces/slurm/pods/{r.node}/eviction"] * 3
+    # Two eviction requests met a fault and took no effect (and Slinky's pod-protect budget may have
+    # refused some while the operator still saw the node busy); the last evicted the pod, once.
+    assert set(evictions) == {f"/api/v1/namespaces/slurm/pods/{r.node}/eviction"} and len(evictions) >= 3, evictions
     assert [a.path for a in r.actions if a.action == "evict_slurmd_pod"] == ["kubernetes"]
-    # Every drill check but the one that counts eviction requests (3 here, by design) holds.
-    failed = [c for c in result.checks if not c.passed]
-    assert [c.name for c in failed] == ["slurmd pod evicted after the drain and the requeue"], failed
-    assert "eviction requests to the API server: " in failed[0].detail
+    assert result.passed, [c for c in result.checks if not c.passed]
     [job] = r.jobs
     assert job.restart_count == 1 and job.verified
