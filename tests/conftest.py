@@ -64,15 +64,39 @@ async def time_skipping_env():
 NEWEST_GENERATION = max(DEBIAN_RELEASE_OF_GENERATION, key=lambda g: tuple(map(int, g.split("."))))
 
 
+# The ports the suite's clusters take above RECOVERY_TEST_SLURM_PORT_BASE: the newest generation's
+# (3000 above) and, above that, the storm's 100 nodes and one-request's 8 (test_budget_storm.py,
+# test_one_request_drains_the_fleet.py), with their slurmd ports.
+PORTS_ABOVE_BASE = 3000 + 600 + 200
+
+
+def _slurm_port_base() -> int:
+    """RECOVERY_TEST_SLURM_PORT_BASE, or 24800. Every cluster's ports must lie below the kernel's
+    ephemeral range: a base of 40800 had slurmd fail to bind ports the machine's own outgoing
+    connections held (44324, "Address already in use"), and many tests failed at random."""
+    base = int(os.environ.get("RECOVERY_TEST_SLURM_PORT_BASE", "24800"))
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return base
+    if base + PORTS_ABOVE_BASE >= ephemeral:
+        pytest.exit(
+            f"RECOVERY_TEST_SLURM_PORT_BASE={base}: the clusters would take ports up to {base + PORTS_ABOVE_BASE}, "
+            f"inside the ephemeral range from {ephemeral}; choose a base below {ephemeral - PORTS_ABOVE_BASE}",
+            2,
+        )
+    return base
+
+
 @pytest.fixture(scope="session", params=list(DEBIAN_RELEASE_OF_GENERATION))
 def local_stack(request) -> LocalStack:
-    """The real cluster, on Slurm 22.05 or 24.11: the host's from Debian's packages, the other
-    from a Debian root (see pytest_collection_modifyitems for which tests run on which). The stack
-    has its own state dir and ports, so tests never touch a drill's stack."""
+    """The real cluster, on Slurm 22.05, 24.11 or 26.05: the host's from Debian's packages, the
+    others from Debian roots (see pytest_collection_modifyitems for which tests run on which). The
+    stack has its own state dir and ports, so tests never touch a drill's stack."""
     # RECOVERY_TEST_STATE_DIR / RECOVERY_TEST_SLURM_PORT_BASE let two suites run side by side.
     return LocalStack(
         state_dir=Path(os.environ.get("RECOVERY_TEST_STATE_DIR", "/tmp/training-recovery-tests")),
-        slurm_port_base=int(os.environ.get("RECOVERY_TEST_SLURM_PORT_BASE", "24800")),
+        slurm_port_base=_slurm_port_base(),
         temporal_port=0,
         ui_port=0,
         slurm_version=request.param,
