@@ -32,6 +32,10 @@ DEBIAN_RELEASE_OF_GENERATION = {"22.05": "bookworm", "24.11": "trixie", "26.05":
 # A cluster from a Debian root listens this far above slurm_port_base, times the generation's
 # place in DEBIAN_RELEASE_OF_GENERATION (counted from 1): each generation has ports of its own.
 OTHER_GENERATION_PORT_OFFSET = 1000
+# How much later than its pid file a process may seem to have started and still be the one it names:
+# the start is computed from btime, which moves when the wall clock is stepped (a 1 s margin once
+# read a live process as gone); a process on a reused pid starts much later (slurm-cluster.sh too).
+PID_START_MARGIN_SECONDS = 30
 # The local stack's one operator: approvals, resets and releases on it are signed with its key.
 OPERATOR = "local-operator"
 
@@ -405,7 +409,7 @@ def running_pid(pidfile: Path) -> int | None:
         int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime ")
     )
     started = booted + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    return pid if started <= written + 1 else None
+    return pid if started <= written + PID_START_MARGIN_SECONDS else None
 
 
 def _alive(pidfile: Path) -> bool:

@@ -140,6 +140,8 @@ knobs() { echo "nodes=$NODES spares=$SPARES ports=$PORT_BASE base=$BASE root=${R
 # The pid in a pid file while its process runs; empty for a stale file, whose pid may belong to
 # another process by now (pids wrap around at pid_max, and start over at a reboot): a process
 # that started after its pid file was written is not the one the file names. Never fails.
+PID_START_MARGIN=30
+
 pid_in() {
   local pid ticks boot
   pid=$(cat "$1" 2>/dev/null) || return 0
@@ -148,7 +150,10 @@ pid_in() {
   ticks=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f20) || return 0
   [ -n "$ticks" ] || return 0
   boot=$(awk '/^btime/ {print $2}' /proc/stat)
-  if [ $((boot + ticks / $(getconf CLK_TCK))) -le $(($(stat -c %Y "$1") + 1)) ]; then echo "$pid"; fi
+  # A process started after the file was written is another one (pids wrap at pid_max, 32768 here).
+  # The margin allows for the wall clock stepped since: btime moves with it, and with a margin of
+  # 1 s a live node read as gone (node-kill: "no running node gpu-4", once in a CI run).
+  if [ $((boot + ticks / $(getconf CLK_TCK))) -le $(($(stat -c %Y "$1") + PID_START_MARGIN)) ]; then echo "$pid"; fi
 }
 
 alive() { local pid; pid=$(pid_in "$1"); [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; }
