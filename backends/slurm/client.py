@@ -42,9 +42,9 @@ class SlurmClient:
 
     def without_a_path(self) -> list[SlurmOperation]:
         """The operations neither backend can do: none while there is a CLI."""
-        return [
-            op for op in get_args(SlurmOperation) if self.cli is None and not (self.rest and self.rest.supports(op))
-        ]
+        if self.cli is not None:
+            return []
+        return [op for op in get_args(SlurmOperation) if not (self.rest and self.rest.supports(op))]
 
     def path_for(self, operation: SlurmOperation) -> SlurmPath:
         return self.backend_for(operation).path
