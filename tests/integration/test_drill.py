@@ -10,6 +10,7 @@ import pytest
 
 from contracts.settings import ConfigError
 from drills.drill import DrillOptions
+from drills.localstack import wait_async
 from tests.integration.conftest import fleet
 from tests.integration.test_fleet_budget import local_activities, workflow_tasks
 from trainer import checkpoint as ckpt
@@ -256,6 +257,40 @@ async def test_dry_run_describes_every_action_and_changes_nothing(drill, recover
     assert [p.result.split(":")[0] for p in r.phases if p.name in ("grace", "wait_for_spare", "verify")] == [
         "skipped"
     ] * 3
+
+
+async def test_dry_run_is_not_upset_by_another_job_ending_meanwhile(drill, recovery_worker):
+    """On a shared cluster other jobs end while a dry run looks on (CI once failed the check when
+    one did): only what the incident could write is compared, and a write is still caught."""
+    other: dict[str, str] = {}
+
+    async def another_job_runs_elsewhere(job, node):
+        free = [n.name for n in await drill.slurm.list_nodes() if n.state == "idle" and not n.drained]
+        other["node"] = free[0]
+        other["job"] = await drill.slurm.run(
+            "sbatch", "--parsable", f"--nodelist={free[0]}", "--output=/dev/null", "--wrap=sleep 4"
+        )
+
+        async def running():
+            return (await drill.slurm.get_job(int(other["job"]))).state == "RUNNING"
+
+        await wait_async(running, 30, "the other job to run")
+
+    run = await drill.start(DrillOptions(xid=79, dry_run=True), before_fault=another_job_runs_elsewhere)
+
+    async def ended():
+        return (await drill.slurm.get_job(int(other["job"]))).state == "COMPLETED"
+
+    await wait_async(ended, 30, "the other job to end")
+    await drill.slurm.update_node(other["node"], "DRAIN", "test: a write the dry run must see")
+    try:
+        result = await drill.finish(run, 300)
+    finally:
+        await drill.slurm.update_node(other["node"], "RESUME", "")
+    [written] = [c for c in result.checks if not c.passed]
+    assert written.name == "Slurm saw no write"
+    assert written.detail.startswith(f"node {other['node']}: ") and "DRAIN" in written.detail, written.detail
+    assert f"job {other['job']}" not in written.detail
 
 
 async def test_a_job_that_asked_for_expedited_requeue_starts_again_at_once_once_released(
