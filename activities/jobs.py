@@ -18,6 +18,9 @@ from backends.checkpoints import CheckpointStore
 from backends.slurm import SlurmClient, SlurmNotFound
 from contracts.audit import record
 from contracts.models import (
+    DIED_OF_THE_FAULT,
+    FINISHED_JOB_STATES,
+    HOLDS_ITS_NODES,
     ActionContext,
     ActionRecord,
     CheckpointRef,
@@ -35,9 +38,9 @@ from contracts.models import (
 )
 
 POLL_SECONDS = 0.5
-# A job found running on the failed node that ended so since (the lost GPU crashed it, or Slurm
-# found the node dead): Slurm requeues a finished batch job as a running one.
-DIED_OF_THE_FAULT = frozenset({"FAILED", "NODE_FAIL"})
+# How long before the incident a job on the node may have died of the fault: from the GPU's fall
+# to the alert (Alertmanager's group_wait, a health check's period) and the incident's first steps.
+DIED_BEFORE_THE_INCIDENT = timedelta(minutes=5)
 # Why a pending job waits, where Slurm says it never starts as it is: no deadline needs waiting out.
 NEVER_STARTS = frozenset(
     {"BadConstraints", "PartitionConfig", "DependencyNeverSatisfied", "InvalidAccount", "InvalidQOS"}
@@ -51,8 +54,13 @@ class JobActivities:
 
     @activity.defn
     async def find_jobs(self, node: str) -> list[JobSnapshot]:
+        """The jobs on the node, and those the fault may have killed already: with srun's
+        --kill-on-bad-exit (common for torchrun jobs) the lost GPU's crashed rank ends the whole
+        job, often before the alert arrives. Counted from when the incident first asked, so a
+        retry finds the same jobs."""
+        died_since = activity.info().scheduled_time - DIED_BEFORE_THE_INCIDENT
         snapshots = []
-        for job in await self._slurm.jobs_on_node(node):
+        for job in await self._slurm.jobs_on_node(node, died_since=died_since):
             latest = progress = None
             if job.checkpoint_dir:
                 latest, _ = await self._checkpoints.latest_complete(job.checkpoint_dir)
@@ -99,7 +107,7 @@ class JobActivities:
             return self._left(job, actions, ctx, _left_pinned_why(job, pinned), left_pinned_to=pinned)
         requeued_now = False
         if job.restart_count == req.job.restart_count:
-            holds = job.state in ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")
+            holds = job.state in HOLDS_ITS_NODES
             if job.state == "PENDING":
                 pass  # not started again since: keep it off the failed nodes below
             elif not holds and job.state not in DIED_OF_THE_FAULT:
@@ -114,13 +122,13 @@ class JobActivities:
                 )
             else:
                 call = await self._slurm.requeue_hold(job_id)
+                ended = f"{job.state} ({job.state_reason}) on the failed node"
                 died = (
                     ""
                     if holds
-                    else (
-                        f"it ended {job.state} ({job.state_reason}) on the failed node after it was "
-                        "found running there: "
-                    )
+                    else f"it had ended {ended} before the incident found it: "
+                    if req.job.state in DIED_OF_THE_FAULT
+                    else f"it ended {ended} after it was found running there: "
                 )
                 actions.append(
                     record(
@@ -345,7 +353,7 @@ class JobActivities:
         hopeless = (
             wrong_checkpoint
             or job.restart_count > req.expected_restart_count
-            or job.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+            or job.state in FINISHED_JOB_STATES
             or (job.state == "PENDING" and job.state_reason in NEVER_STARTS)
         )
         return result, hopeless

@@ -299,6 +299,14 @@ class SlurmNode(Contract):
         )
 
 
+# Job states Slurm reports once a job is over.
+FINISHED_JOB_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"})
+# How a job the lost GPU killed ends: its tasks crashed (a CUDA or NCCL error) or Slurm found its node dead.
+DIED_OF_THE_FAULT = frozenset({"FAILED", "NODE_FAIL"})
+# Job states in which a job holds its nodes (running, or completing its signal handling).
+HOLDS_ITS_NODES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"})
+
+
 class SlurmJob(Contract):
     job_id: JobId
     name: str = ""
@@ -316,6 +324,7 @@ class SlurmJob(Contract):
         description="submitted --requeue=expedite (Slurm 25.11+): with enable_expedited_requeue, Slurm requeues it "
         "itself when its node fails, and any requeue restarts it at once, without the requeue delay",
     )
+    end_time: datetime | None = Field(None, description="when it ended; None while it has not")
 
     @property
     def held(self) -> bool:

@@ -71,6 +71,11 @@ class DrillOptions(BaseModel):
     expedited_requeue: bool = Field(
         False, description="submit the reference job --requeue=expedite (Slurm 25.11+) instead of --requeue"
     )
+    rank_crashes: bool = Field(
+        False,
+        description="the lost GPU's rank crashes (as a CUDA error ends it) in a job run with srun "
+        "--kill-on-bad-exit=1, as torchrun jobs often are: the job ends FAILED before the alert is sent",
+    )
 
 
 class DrillCheck(BaseModel):
@@ -173,8 +178,11 @@ class Drill:
             # Nothing is broken in observe mode: the alert alone, and Slurm must not change.
             slurm_before = await self.slurm_state(node)
         else:
-            self.inject_fault(node, opts.xid, gpu_lost=fault_class == FaultClass.FATAL)
-        if fault_class == FaultClass.FATAL and node in job.nodes and not opts.dry_run:
+            self.inject_fault(node, opts.xid, gpu_lost=fault_class == FaultClass.FATAL, crash=opts.rank_crashes)
+        if opts.rank_crashes and not opts.dry_run:
+            await wait_async(lambda: self._failed(job_id), 60, f"job {job_id} to end of the crash")
+            self._log(f"job {job_id} ended FAILED: its rank on {node} crashed, and srun ended the rest")
+        elif fault_class == FaultClass.FATAL and node in job.nodes and not opts.dry_run:
             await wait_async(lambda: self._stalled(run_dir), 30, "the job to stall on the lost GPU")
             self._log("training stalled on the lost GPU")
         if opts.corrupt_latest_checkpoint:
@@ -299,7 +307,8 @@ class Drill:
             f"--chdir={run_dir}",
             *([f"--nodelist={','.join(opts.pinned_to)}"] if opts.pinned_to else []),
             f"--output={run_dir}/slurm-%j.out",
-            f"--export=ALL,PYTHONPATH={self.stack.trainer_pythonpath},TRAINER_PYTHON={self.stack.trainer_python}",
+            f"--export=ALL,PYTHONPATH={self.stack.trainer_pythonpath},TRAINER_PYTHON={self.stack.trainer_python}"
+            + (",TRAINER_KILL_ON_BAD_EXIT=1" if opts.rank_crashes else ""),
             str(self.stack.trainer_script),
             "--run-dir",
             str(run_dir),
@@ -312,13 +321,17 @@ class Drill:
         )
         return int(out.strip().split(";")[0])
 
-    def inject_fault(self, node: str, xid: int, gpu_lost: bool) -> None:
+    def inject_fault(self, node: str, xid: int, gpu_lost: bool, crash: bool = False) -> None:
         self.stack.fault_dir.mkdir(parents=True, exist_ok=True)
-        (self.stack.fault_dir / node).write_text(json.dumps({"xid": xid, "gpu_lost": gpu_lost}))
+        fault = {"xid": xid, "gpu_lost": gpu_lost, **({"crash": True} if crash else {})}
+        (self.stack.fault_dir / node).write_text(json.dumps(fault))
 
     async def _running(self, job_id: int):
         job = await self.slurm.get_job(job_id)
         return job if job.state == "RUNNING" else None
+
+    async def _failed(self, job_id: int):
+        return (await self.slurm.get_job(job_id)).state == "FAILED"
 
     async def _complete_checkpoints(self, run_dir: Path, count: int) -> bool:
         statuses = await asyncio.to_thread(ckpt.list_checkpoints, run_dir)

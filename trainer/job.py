@@ -17,7 +17,8 @@ Signals, acted on at the next step boundary (the handlers only set flags):
 Drill faults (--fault-dir): before each step the job reads ``<fault-dir>/<node>`` for every
 node of its allocation, e.g. ``{"xid": 79, "gpu_lost": true}``. A lost GPU anywhere means the
 step can never complete (as a collective on a dead GPU): progress turns "stalled", SIGUSR1 can
-no longer checkpoint, and SIGTERM exits 143 at once without a checkpoint.
+no longer checkpoint, and SIGTERM exits 143 at once without a checkpoint. With ``"crash": true``
+the rank on that node exits 1 at once instead, as a CUDA error ends a real one.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from trainer.checkpoint import (
 )
 
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143, what Slurm and shells report for a TERM'd task
+EXIT_CRASHED = 1  # the rank on a lost GPU, when the drill's fault crashes it
 # how often a stalled rank looks at its signal flags
 _STALL_POLL_SECONDS = 0.05
 
@@ -231,6 +233,10 @@ class LostGpu:
     def __str__(self) -> str:
         return f"GPU lost on {self.node} (xid {self.fault.get('xid', '?')})"
 
+    def crashes(self, node: str) -> bool:
+        """Whether the rank on `node` dies of it (the one on the lost GPU, when the fault says so)."""
+        return node == self.node and self.fault.get("crash") is True
+
 
 class FaultWatch:
     """Reads the drill's fault files for every node of the allocation."""
@@ -306,6 +312,9 @@ class TrainingJob:
                 self.log.info(f"finished {self.step} steps")
                 return 0
             lost = self.faults.lost_gpu()
+            if lost and lost.crashes(self.env.node):
+                self.log.problem(f"CUDA error: {lost}: the process crashes")
+                return EXIT_CRASHED
             if lost:
                 return self._stall(lost)
             started = time.monotonic()

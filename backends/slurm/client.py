@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import copy
+from datetime import datetime
 from typing import get_args
 
 from backends.slurm.api import NodeUpdate, SlurmBackend, SlurmOperation, Unsupported
-from contracts.models import Invocation, SlurmJob, SlurmNode, SlurmPath
+from contracts.models import DIED_OF_THE_FAULT, HOLDS_ITS_NODES, Invocation, SlurmJob, SlurmNode, SlurmPath
 
 
 class SlurmClient:
@@ -61,12 +62,24 @@ class SlurmClient:
     async def get_job(self, job_id: int) -> SlurmJob:
         return await self.backend_for("get_job").get_job(job_id)
 
-    async def jobs_on_node(self, name: str) -> list[SlurmJob]:
-        """Jobs that hold the node now (running, or completing their signal handling)."""
+    async def jobs_on_node(self, name: str, died_since: datetime | None = None) -> list[SlurmJob]:
+        """Jobs that hold the node now (running, or completing their signal handling) and, from
+        `died_since` on, those that died on it since then (FAILED or NODE_FAIL) and asked to be
+        requeued."""
         return [
             j
             for j in await self.list_jobs()
-            if name in j.nodes and j.state in ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")
+            if name in j.nodes
+            and (
+                j.state in HOLDS_ITS_NODES
+                or (
+                    died_since is not None
+                    and j.state in DIED_OF_THE_FAULT
+                    and j.requeue
+                    and j.end_time is not None
+                    and j.end_time >= died_since
+                )
+            )
         ]
 
     async def update_node(self, name: str, state: NodeUpdate, reason: str | None) -> Invocation:

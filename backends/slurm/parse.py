@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 import hostlist
 
-from contracts.models import SlurmJob, SlurmNode
+from contracts.models import FINISHED_JOB_STATES, SlurmJob, SlurmNode
 
 # The fields read below, for the contract tests against each slurmrestd's OpenAPI document.
 # (22.05 keeps node flags in `state_flags`, newer versions in the `state` list.)
@@ -24,6 +25,7 @@ JOB_FIELDS = (
     "excluded_nodes",
     "required_nodes",
     "flags",
+    "end_time",
 )
 
 # Flags that newer Slurm reports inside the state list instead of a separate field.
@@ -71,6 +73,12 @@ def _number(value: Any) -> int:
     return int(value or 0)
 
 
+def _time(value: Any) -> datetime | None:
+    """An epoch time as Slurm gives it (0, or unset, for none yet)."""
+    seconds = _number(value)
+    return datetime.fromtimestamp(seconds, tz=timezone.utc) if seconds > 0 else None
+
+
 def job_from_json(raw: dict[str, Any]) -> SlurmJob:
     state = raw.get("job_state")
     if isinstance(state, list):  # 23.02+: ["PENDING", "REQUEUED"]
@@ -92,4 +100,6 @@ def job_from_json(raw: dict[str, Any]) -> SlurmJob:
         # 25.11+: submitted --requeue=expedite (what Slurm does with it depends on the cluster's
         # SlurmctldParameters=enable_expedited_requeue)
         expedited_requeue="EXPEDITED_REQUEUE" in (raw.get("flags") or []),
+        # a pending or running job's end_time is its expected end: read it only once it ended
+        end_time=_time(raw.get("end_time")) if str(state).upper() in FINISHED_JOB_STATES else None,
     )

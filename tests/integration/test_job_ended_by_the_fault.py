@@ -52,3 +52,25 @@ async def test_a_job_that_died_on_the_failed_node_before_its_requeue_is_requeued
     assert requeue.detail.startswith("it ended FAILED (") and requeue.command, requeue
     [job] = report.jobs
     assert job.verified and job.restart_count == 1, job
+
+
+@pytest.mark.every_slurm_generation
+async def test_a_job_the_fault_ended_before_the_incident_is_requeued_and_verified(drill, recovery_worker):
+    """The lost GPU's rank crashes and srun --kill-on-bad-exit=1 ends the job FAILED before the
+    alert arrives (as a torchrun job launched by srun ends). Before: the incident found no job on
+    the node and the job was lost. Now it is found, not signalled (it cannot checkpoint), requeued
+    off the node and verified."""
+    result = await drill.run(DrillOptions(rank_crashes=True))
+    report = result.report
+    assert report.outcome == "recovered" and result.passed, (report.outcome, result.checks)
+    [job] = report.jobs
+    assert job.job_id == result.job_id and job.verified and job.restart_count == 1, job
+    assert report.node in job.nodes_before and report.node not in job.nodes_after
+    assert not [a for a in report.actions if a.action == "signal_job"]
+    signal = next(p for p in report.phases if p.name == "signal")
+    assert signal.result == f"SIGUSR1 to 0 job(s); already ended: {result.job_id} (FAILED)", signal.result
+    [requeue] = [a for a in report.actions if a.action == "requeue_hold"]
+    assert requeue.detail.startswith("it had ended FAILED (") and requeue.executed, requeue
+    # It resumed from its latest complete checkpoint (the drill's checks), whichever that was:
+    # the surviving rank got TERM first and may have written one more before it ended.
+    assert report.resumed_step == report.latest_complete_step

@@ -1,5 +1,7 @@
 """Slurm's JSON, as 22.05 and as 23.02+ shape it, becomes the same contracts."""
 
+from datetime import datetime, timezone
+
 from backends.slurm.parse import expand_nodes, job_from_json, node_from_json
 
 
@@ -99,3 +101,14 @@ def test_a_job_that_asked_for_expedited_requeue_says_so():
     plain = job_from_json({"job_id": 4, "job_state": ["RUNNING"], "flags": ["JOB_WAS_RUNNING"]})
     assert not plain.expedited_requeue
     assert not job_from_json({"job_id": 5, "job_state": "RUNNING"}).expedited_requeue  # 22.05: no such flag
+
+
+def test_a_finished_jobs_end_time_in_both_shapes_and_none_before_it_ended():
+    ended = datetime(2026, 12, 5, 7, 46, 55, tzinfo=timezone.utc)
+    epoch = int(ended.timestamp())
+    assert job_from_json({"job_id": 1, "job_state": "FAILED", "end_time": epoch}).end_time == ended
+    wrapped = {"job_id": 1, "job_state": ["FAILED"], "end_time": {"set": True, "number": epoch}}
+    assert job_from_json(wrapped).end_time == ended
+    # A running job's end_time is when its time limit would end it: not an end.
+    assert job_from_json({"job_id": 1, "job_state": "RUNNING", "end_time": epoch + 3600}).end_time is None
+    assert job_from_json({"job_id": 1, "job_state": "FAILED", "end_time": 0}).end_time is None

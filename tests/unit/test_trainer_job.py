@@ -82,9 +82,10 @@ class Jobs:
         restart_count: int | None = None,
         rank: int = 0,
         nodelist: str | None = None,
+        node: str = "gpu-1",
     ) -> Job:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-        env.update(PYTHONPATH=str(REPO), SLURM_JOB_ID="4242", SLURMD_NODENAME="gpu-1")
+        env.update(PYTHONPATH=str(REPO), SLURM_JOB_ID="4242", SLURMD_NODENAME=node)
         env["SLURM_PROCID"] = str(rank)
         if restart_count is not None:
             env["SLURM_RESTART_COUNT"] = str(restart_count)
@@ -331,3 +332,19 @@ def test_resumed_run_follows_the_uninterrupted_trajectory(jobs: Jobs, tmp_path: 
     for name in ("model.json", "optimizer.json"):
         expected = (straight / "step-000000030" / name).read_bytes()
         assert (resumed / "step-000000030" / name).read_bytes() == expected
+
+
+def test_a_crashing_lost_gpu_ends_the_rank_on_it_and_stalls_the_others(jobs: Jobs, tmp_path: Path) -> None:
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    args = ("--step-seconds", "0.02", "--checkpoint-every", "5", "--fault-dir", str(faults))
+    rank0 = jobs.start(tmp_path / "run", *args, nodelist="gpu-[1-2]")
+    rank1 = jobs.start(tmp_path / "run", *args, rank=1, nodelist="gpu-[1-2]", node="gpu-2")
+    rank0.wait_for_step(6)
+    (faults / "gpu-2.new").write_text(json.dumps({"xid": 79, "gpu_lost": True, "crash": True}))
+    os.rename(faults / "gpu-2.new", faults / "gpu-2")
+
+    assert rank1.wait_exit(5) == 1, rank1.logs()
+    assert "CUDA error: GPU lost on gpu-2 (xid 79): the process crashes" in rank1.stderr.read_text()
+    rank0.wait_for_state("stalled")
+    assert rank0.proc.poll() is None

@@ -19,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.job_recovery import JobRecoveryActivities
     from activities.jobs import JobActivities
     from contracts.models import (
+        HOLDS_ITS_NODES,
         ActionContext,
         ActionRecord,
         CheckpointWaitRequest,
@@ -41,6 +42,11 @@ with workflow.unsafe.imports_passed_through():
     from workflows.incident.steps import Steps
 
 T = TypeVar("T")
+
+
+def _still_running(jobs: list[JobSnapshot]) -> list[JobSnapshot]:
+    """The jobs that can still checkpoint: not those the fault had killed when they were found."""
+    return [s for s in jobs if s.job.state in HOLDS_ITS_NODES]
 
 
 class JobRecoveryFailed(Exception):
@@ -76,9 +82,11 @@ class JobWork:
     # --- the steps -----------------------------------------------------------------------------
 
     async def signal(self, jobs: list[JobSnapshot], ctx: ActionContext) -> None:
-        signalled = await for_each_job(jobs, lambda snap: self._signal_job(snap, ctx))
+        live = _still_running(jobs)
+        signalled = await for_each_job(live, lambda snap: self._signal_job(snap, ctx))
         self._actions.extend(action for action in signalled if isinstance(action, ActionRecord))
-        self._steps.note(f"SIGUSR1 to {len(jobs)} job(s)")
+        died = [f"{s.job.job_id} ({s.job.state})" for s in jobs if s not in live]
+        self._steps.note(f"SIGUSR1 to {len(live)} job(s)" + (f"; already ended: {', '.join(died)}" if died else ""))
 
     async def _signal_job(self, snap: JobSnapshot, ctx: ActionContext) -> ActionRecord | None:
         try:
@@ -107,7 +115,7 @@ class JobWork:
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(initial_interval=timedelta(seconds=poll_seconds), backoff_coefficient=1.0),
             )
-            for s in jobs
+            for s in _still_running(jobs)
             if s.checkpoint_dir
         ]
         try:
