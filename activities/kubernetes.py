@@ -55,9 +55,10 @@ class KubernetesActivities:
 
     @activity.defn
     async def unfence_k8s_node(self, req: K8sNodeRequest) -> K8sUnfenceResult:
-        """Undo this incident's fence, restoring what the Node had before it and nothing else."""
+        """Undo this incident's fence, restoring what the Node had before it and nothing else;
+        left fenced when `req.slurm_node` has moved to another Node (SlinkyNodes.unfence)."""
         with final_answers():
-            return await self.platform.fencing.unfence(req.node, req.ctx)
+            return await self.platform.unfence(req.node, req.slurm_node, req.ctx)
 
     @activity.defn
     async def fence_k8s_node(self, req: K8sNodeRequest) -> K8sFenceResult:

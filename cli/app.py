@@ -1,7 +1,7 @@
 """`recovery`: the operator's command line.
 
   recovery drill [--xid 79] [--node NODE] [--corrupt-latest-checkpoint] [--dry-run] [--k8s] [--json]
-                 [--slurm-version V] [--save-history DIR]
+                 [--k8s-scaling-mode StatefulSet|DaemonSet] [--slurm-version V] [--save-history DIR]
   recovery drill --scenario NAME|all [--json] [--save-history DIR]      game day: SLOs scored
   recovery inject --node NODE --xid N [--actor WHO] [--reason WHY]
   recovery status [NODE] [--json]
@@ -85,6 +85,11 @@ class SlurmVersion(str, Enum):
     v26_05 = "26.05"
 
 
+class ScalingModeChoice(str, Enum):
+    stateful_set = "StatefulSet"
+    daemon_set = "DaemonSet"
+
+
 class StackAction(str, Enum):
     up = "up"
     down = "down"
@@ -137,6 +142,11 @@ def drill(
         help="Slurm on Kubernetes: the same cluster behind a simulated Slinky control plane "
         "(kubesim): the incident also fences the Node, evicts the slurmd pod and replaces it",
     ),
+    k8s_scaling_mode: ScalingModeChoice | None = typer.Option(
+        None,
+        help="with --k8s, how the NodeSet scales (default StatefulSet, as Slinky's): StatefulSet recreates the "
+        "slurmd pod on another Node; DaemonSet has one per Node, and the node lifecycle brings a new Node",
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the report as one JSON object"),
     slurm_version: SlurmVersion | None = typer.Option(
         None, help="the Slurm generation to drill on (default: the host's; the other runs from a Debian root)"
@@ -160,14 +170,21 @@ def drill(
             names = scenario_names(scenario)
         except KeyError as e:
             raise BadInput(e.args[0]) from None
-        if xid != 79 or node or corrupt_latest_checkpoint or dry_run or k8s:
+        if xid != 79 or node or corrupt_latest_checkpoint or dry_run or k8s or k8s_scaling_mode:
             raise BadInput(
                 "a scenario injects its own failure: --xid, --node, --corrupt-latest-checkpoint, "
-                "--dry-run and --k8s do not apply to --scenario"
+                "--dry-run, --k8s and --k8s-scaling-mode do not apply to --scenario"
             )
         _run(_gameday(names, scenario == "all", as_json, version, save_history))
+    if k8s_scaling_mode is not None and not k8s:
+        raise BadInput("--k8s-scaling-mode applies to a drill on Slurm on Kubernetes: add --k8s")
     opts = DrillOptions(
-        xid=xid, node=node, corrupt_latest_checkpoint=corrupt_latest_checkpoint, dry_run=dry_run, k8s=k8s
+        xid=xid,
+        node=node,
+        corrupt_latest_checkpoint=corrupt_latest_checkpoint,
+        dry_run=dry_run,
+        k8s=k8s,
+        **({"k8s_scaling_mode": k8s_scaling_mode.value} if k8s_scaling_mode else {}),
     )
     _run(_drill(opts, as_json, version, save_history))
 

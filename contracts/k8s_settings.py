@@ -73,7 +73,8 @@ class KubernetesSettings(BaseSettings):
     nodeset_scale_up: bool = Field(
         False,
         description="add one replica per incident through /scale; false: the NodeSet recreates the "
-        "evicted pod on a healthy Node (right unless its pods are pinned to their Nodes)",
+        "evicted pod on a healthy Node (right unless its pods are pinned to their Nodes). Either way a "
+        "StatefulSet-mode NodeSet: a DaemonSet-mode one takes no replicas, and needs node-lifecycle or http",
     )
     replace_label: str = Field(
         "recovery.gpu/replace=true", description="key=value put on the failed Node for the node lifecycle"

@@ -26,6 +26,11 @@ NodeSetVersion = Literal["v1beta1", "v1alpha1"]
 # Slurm node reads as the operator's, whoever had drained it.
 SLURMD_PRE_STOP_REASON = "slurm-operator: Pod is terminating"
 NODESET_VERSIONS: tuple[NodeSetVersion, ...] = get_args(NodeSetVersion)
+# How a NodeSet scales its slurmd pods (spec.scalingMode, default StatefulSet; api/v1beta1/nodeset_types.go):
+# StatefulSet keeps `replicas` pods, each with its own identity (pod name, hostname, Slurm node),
+# recreated under that identity on whichever Node can take it; DaemonSet runs one pod on each
+# matching Node, its Slurm node named after the Node, and ignores `replicas`.
+ScalingMode = Literal["StatefulSet", "DaemonSet"]
 
 
 class NodeSetRef(Contract):
@@ -73,6 +78,8 @@ class FencePriorState(Contract):
 class K8sNodeRequest(Contract):
     node: KubeName
     ctx: ActionContext
+    # the unfence: the Slurm node whose repair it follows (None: unfence whatever runs there now)
+    slurm_node: NodeName | None = None
 
 
 class K8sFenceResult(Contract):

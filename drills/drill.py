@@ -28,11 +28,13 @@ from typing import Literal
 from kubernetes import client as kube, config as kube_config
 from pydantic import BaseModel, Field
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.xid_policy import XidPolicyTable
 from backends.replacement import SPARE_STANDBY_REASON
 from backends.slurm import SlurmCli, SlurmCommandError, SlurmError, SlurmRest, TokenFile
 from contracts.k8s_settings import KubernetesSettings
+from contracts.kubernetes import ScalingMode
 from contracts.models import (
     FaultClass,
     IncidentReport,
@@ -62,6 +64,10 @@ class DrillOptions(BaseModel):
     corruption: CheckpointCorruption = "truncated"  # how (corrupt_latest_checkpoint below)
     dry_run: bool = False  # observe mode: the incident describes what it would do and does nothing
     k8s: bool = False  # Slurm on Kubernetes: a simulated Slinky cluster, and the incident's Kubernetes steps
+    # how its NodeSet scales: StatefulSet (Slinky's default) recreates the lost slurmd pod, Slurm node
+    # and all, on another Node; DaemonSet runs one per Node, so the replacement is a new Node (asked
+    # of the node lifecycle)
+    k8s_scaling_mode: ScalingMode = "StatefulSet"
     step_seconds: float = 0.2
     checkpoint_every: int = 10
     checkpoints_before_failure: int = 2
@@ -153,7 +159,7 @@ class Drill:
     async def run(self, opts: DrillOptions) -> DrillResult:
         if not opts.k8s:
             return await self.finish(await self.start(opts), opts.timeout_seconds)
-        async with SimulatedKubernetes(self) as kubernetes:
+        async with SimulatedKubernetes(self, scaling_mode=opts.k8s_scaling_mode) as kubernetes:
             return await self.finish(await self.start(opts, kubernetes=kubernetes), opts.timeout_seconds)
 
     async def start(
@@ -484,9 +490,10 @@ class SimulatedKubernetes:
     `worker_environment()` configures a worker process for it instead. Everything started is
     stopped on leaving."""
 
-    def __init__(self, drill: Drill, in_process_worker: bool = True):
+    def __init__(self, drill: Drill, in_process_worker: bool = True, scaling_mode: ScalingMode = "StatefulSet"):
         self._drill = drill
         self._in_process_worker = in_process_worker
+        self.scaling_mode = scaling_mode
         self.task_queue = f"{drill.stack.task_queue}-k8s"
         self._resources = AsyncExitStack()
         self.server = KubeApiServer(tls=True, token=secrets.token_urlsafe(24))
@@ -511,7 +518,19 @@ class SimulatedKubernetes:
         compute = [n.name for n in await drill.slurm.list_nodes() if n.name not in spares]
         self.server.start()
         self._resources.callback(self.server.stop)
-        slinky = SlinkyCluster(self.server, drill.slurm, compute_nodes=compute, spare_nodes=spares)
+        # A DaemonSet-mode NodeSet brings no slurmd pod for a fenced Node: the replacement is a new
+        # Node, which the node lifecycle (the Provisioner here) brings for the labelled failed one.
+        lifecycle = self.scaling_mode == "DaemonSet"
+        replace_label = KubernetesSettings.model_fields["replace_label"].default
+        slinky = SlinkyCluster(
+            self.server,
+            drill.slurm,
+            compute_nodes=compute,
+            spare_nodes=spares,
+            scaling_mode=self.scaling_mode,
+            replace_label=replace_label.partition("=")[0] if lifecycle else None,
+            on_moved=self._new_hardware,
+        )
         self.slinky = await asyncio.to_thread(slinky.start)
         self._resources.push_async_callback(asyncio.to_thread, slinky.stop)
         self._seed_writes = len(self.server.writes())
@@ -523,7 +542,7 @@ class SimulatedKubernetes:
             slurmd_selector=SLURMD_SELECTOR,
             node_selector="",
             gpu_resource=GPU_RESOURCE,
-            replacement="nodeset",
+            replacement="node-lifecycle" if lifecycle else "nodeset",
             nodeset_name=slinky.nodeset,  # its version found by discovery, as a user's default configuration does
             nodeset_scale_up=False,
             watch_seconds=1,  # a drill measures the replacement, not a watch window
@@ -538,6 +557,11 @@ class SimulatedKubernetes:
             f"Slurm on Kubernetes: API server {self.server.url}, NodeSet {slinky.namespace}/{slinky.nodeset}, "
             f"a slurmd pod for each of {', '.join(compute)}; worker on task queue {self.task_queue}"
         )
+
+    def _new_hardware(self, slurm_node: str) -> None:
+        """A StatefulSet-mode slurmd pod came up on another Node: its Slurm node is that machine
+        now, and the drill's GPU fault stayed with the old one."""
+        (self._drill.stack.fault_dir / slurm_node).unlink(missing_ok=True)
 
     def worker_environment(self) -> dict[str, str]:
         """RECOVERY_K8S_* and the task queue, for a worker process serving this cluster."""
@@ -599,7 +623,8 @@ class SimulatedKubernetes:
         slurm_side = [a for a in report.actions if a.action in ("drain_node", "requeue_hold", "release_job")]
         evictions = [a for a in report.actions if a.action == "evict_slurmd_pod" and a.path == "kubernetes"]
         requested = [path for method, path in self.server.requests if method == "POST" and path.endswith("/eviction")]
-        expected = f"/api/v1/namespaces/{self.settings.namespace}/pods/{failed}/eviction"
+        pod = evictions[0].target.rpartition("/")[2] if evictions else failed  # named "pod <namespace>/<name>"
+        expected = f"/api/v1/namespaces/{self.settings.namespace}/pods/{pod}/eviction"
         # one eviction (asked again while the pod-protect PodDisruptionBudget refused it: never forced)
         passed = (
             len(evictions) == 1
@@ -663,7 +688,11 @@ class SimulatedKubernetes:
         handle = self._drill.client.get_workflow_handle(report.return_to_service)
         description = await handle.describe()
         if description.task_queue == self.task_queue and description.status == WorkflowExecutionStatus.RUNNING:
-            await handle.terminate(reason="recovery drill --k8s ended: its worker has stopped")
+            try:
+                await handle.terminate(reason="recovery drill --k8s ended: its worker has stopped")
+            except RPCError as e:
+                if e.status != RPCStatusCode.NOT_FOUND:  # it ended meanwhile, by itself
+                    raise
 
 
 def corrupt_latest_checkpoint(run_dir: Path, kind: CheckpointCorruption = "truncated") -> str:

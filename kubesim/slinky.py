@@ -1,15 +1,19 @@
 """A simulated Slinky cluster (Slurm on Kubernetes) on the in-repo API server, mirroring the real
 local Slurm cluster: the Kubernetes side of its slurmd processes, for `recovery drill --k8s`.
 
-    with SlinkyCluster(server, slurm, compute_nodes=["gpu-1", ..., "gpu-4"], spare_nodes=["gpu-5"]) as slinky:
+    with SlinkyCluster(server, slurm, compute_nodes=["gpu-1", ..., "gpu-4"], spare_nodes=["gpu-5"],
+                       scaling_mode="StatefulSet", replace_label=None, on_moved=None) as slinky:
         slinky.kubeconfig          # a kubeconfig for the server (a worker's RECOVERY_K8S_KUBECONFIG)
         slinky.node_of("gpu-2")    # "k8s-gpu-2": the Node a compute Slurm node's slurmd pod starts on
         slinky.namespace, slinky.nodeset    # "slurm", "gpu"
 
 start() seeds, through the API server: the namespace, one Ready Node per compute Slurm node
 (8 nvidia.com/gpu allocatable), the NodeSet (slinky.slurm.net/v1beta1, which the server checks
-against Slinky's CRD on every write) and, bound to each of
-those Nodes, a Running and Ready slurmd pod whose name and hostname are the Slurm node's name.
+against Slinky's CRD on every write; scalingMode as asked) and, bound to each of those Nodes, a
+Running and Ready slurmd pod whose hostname is the Slurm node's name (and so is its name in
+StatefulSet mode; DaemonSet mode generates it). `replace_label`: the label key on a Node that
+makes the Provisioner bring a new one (the node lifecycle); `on_moved(slurm_node)`: called when a
+Slurm node's pod starts on another Node (new hardware under the old name).
 Then these run in background threads, each talking to the server over HTTPS with the official
 client, as the real ones would:
 
@@ -20,14 +24,16 @@ client, as the real ones would:
   node DOWN with the reason `slurm-operator: Pod is terminating`, and goes a second later;
 - the Provisioner (simulators.py), which also brings up a Node when the NodeSet controller asks,
   as a cluster autoscaler does for a pod that no Node can take: NotReady, then Ready with GPUs;
-- the NodeSet controller: when a slurmd pod is gone, it asks for a Node and, once a Node is Ready,
-  schedulable, untainted, with GPUs and no slurmd pod, creates a slurmd pod bound to it for the
-  next hot spare of the Slurm cluster, lets that slurmd register, and marks the pod Running and
-  Ready.
+- the NodeSet controller (NodeSetController), by the NodeSet's scaling mode: in StatefulSet mode
+  (the default) a lost slurmd pod comes back under its identity (its Slurm node) on a Node that can
+  take it, a Node being ordered when none can, and the operator sets that Slurm node IDLE once its
+  pod runs on another Node; in DaemonSet mode every Node that can take one gets a slurmd pod, its
+  Slurm node named by the Node's hostname-override annotation (a new Node is given the next hot
+  spare's), and the fenced Node none.
 
-The real cluster's slurmd processes are fixed, so a replacement slurmd is one of its hot spares,
-which the local stack keeps drained on standby; its registering with slurmctld is played by
-resuming it (`scontrol update NodeName=<spare> State=RESUME`).
+The real cluster's slurmd processes are fixed, so a Slurm node new to the NodeSet is one of its
+hot spares, which the local stack keeps drained on standby; its registering with slurmctld is
+played by resuming it (`scontrol update NodeName=<spare> State=RESUME`).
 
 stop() stops the threads (raising what one of them failed with) and removes the kubeconfig.
 """
@@ -39,6 +45,7 @@ import queue
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -46,7 +53,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from backends.slurm import SlurmCli
-from contracts.kubernetes import SLURMD_PRE_STOP_REASON
+from contracts.kubernetes import SLURMD_PRE_STOP_REASON, ScalingMode
 from contracts.models import SlurmNode
 from kubesim.server import KubeApiServer
 from kubesim.simulators import NODESET, Kubelet, Provisioner, _Simulator
@@ -65,6 +72,9 @@ OPERATOR_REASON_PREFIX = "slurm-operator: "
 NODE_CORDON_REASON_ANNOTATION = "nodeset.slinky.slurm.net/node-cordon-reason"
 POD_CORDON_ANNOTATION = "nodeset.slinky.slurm.net/pod-cordon"
 POD_PROTECT_LABEL = "nodeset.slinky.slurm.net/pod-protect"
+SCALING_MODE_LABEL = "nodeset.slinky.slurm.net/scaling-mode"
+POD_HOSTNAME_LABEL = "nodeset.slinky.slurm.net/pod-hostname"
+HOSTNAME_OVERRIDE_ANNOTATION = "nodeset.slinky.slurm.net/hostname-override"
 SLURM_CONDITION_FLAGS = {
     "COMPLETING",
     "DRAIN",
@@ -87,8 +97,13 @@ class SlinkyCluster:
         spare_nodes: list[str],
         namespace: str = "slurm",
         nodeset: str = "gpu",
+        scaling_mode: ScalingMode = "StatefulSet",
+        replace_label: str | None = None,
+        on_moved: Callable[[str], None] | None = None,
     ):
         self.server, self.namespace, self.nodeset = server, namespace, nodeset
+        self.scaling_mode = scaling_mode
+        self._replace_label, self._on_moved = replace_label, on_moved
         self._slurm = slurm
         self._compute, self._spares = list(compute_nodes), list(spare_nodes)
         self._actors = ExitStack()
@@ -108,16 +123,29 @@ class SlinkyCluster:
         try:
             self._seed(client.CoreV1Api(api), client.CustomObjectsApi(api))
             provisioner = NodeProvisioner(
-                api, name_pattern="k8s-gpu-new-{n}", gpus=GPUS_PER_NODE, interval=TICK_SECONDS
+                api,
+                name_pattern="k8s-gpu-new-{n}",
+                replace_label=self._replace_label,
+                gpus=GPUS_PER_NODE,
+                interval=TICK_SECONDS,
             )
-            self.operator = SlinkyOperator(api, self._slurm, namespace=self.namespace, interval=TICK_SECONDS)
+            self.operator = SlinkyOperator(
+                api, self._slurm, namespace=self.namespace, interval=TICK_SECONDS, on_moved=self._on_moved
+            )
             self.operator.reconcile()  # the pods' labels and conditions as they are, before anyone looks
             for actor in (
                 self.operator,
                 Kubelet(api, finish_after=SLURMD_EXIT_SECONDS, interval=TICK_SECONDS, pre_stop=self._slurmd_pre_stop),
                 provisioner,
                 NodeSetController(
-                    api, provisioner, self._slurm, namespace=self.namespace, serving=self._compute, spares=self._spares
+                    api,
+                    provisioner,
+                    self._slurm,
+                    namespace=self.namespace,
+                    nodeset=self.nodeset,
+                    mode=self.scaling_mode,
+                    serving=self._compute,
+                    spares=self._spares,
                 ),
             ):
                 self._actors.enter_context(actor)
@@ -151,7 +179,12 @@ class SlinkyCluster:
                 "apiVersion": f"{NODESET[0]}/{NODESET[1]}",
                 "kind": "NodeSet",
                 "metadata": {"name": self.nodeset},
-                "spec": {"controllerRef": {"name": CONTROLLER}, "replicas": len(self._compute)},
+                "spec": {
+                    "controllerRef": {"name": CONTROLLER},
+                    "scalingMode": self.scaling_mode,
+                    # ignored in DaemonSet mode: one pod per matching Node
+                    **({"replicas": len(self._compute)} if self.scaling_mode == "StatefulSet" else {}),
+                },
             },
         )
         # what the operator's NodeSet controller reports once its pods run (status requires both)
@@ -165,7 +198,9 @@ class SlinkyCluster:
         )
         for slurm_node in self._compute:
             node = self.node_of(slurm_node)
-            core.create_node({"metadata": {"name": node}})
+            # In DaemonSet mode the pod's hostname, so its Slurm node, is the Node's name or this override.
+            override = {HOSTNAME_OVERRIDE_ANNOTATION: slurm_node} if self.scaling_mode == "DaemonSet" else {}
+            core.create_node({"metadata": {"name": node, "annotations": override}})
             core.patch_node_status(
                 node,
                 {
@@ -175,8 +210,10 @@ class SlinkyCluster:
                     }
                 },
             )
-            create_slurmd_pod(core, self.namespace, slurm_node, node)
-            mark_running(core, self.namespace, slurm_node)
+            pod = create_slurmd_pod(
+                core, self.namespace, slurm_node, node, mode=self.scaling_mode, nodeset=self.nodeset
+            )
+            mark_running(core, self.namespace, pod)
 
     def stop(self) -> None:
         try:
@@ -197,11 +234,18 @@ def _gpu_resources() -> dict:
     return {"capacity": resources, "allocatable": resources}
 
 
-def create_slurmd_pod(core: client.CoreV1Api, namespace: str, slurm_node: str, node: str) -> None:
-    core.create_namespaced_pod(
+def create_slurmd_pod(
+    core: client.CoreV1Api, namespace: str, slurm_node: str, node: str, *, mode: ScalingMode, nodeset: str
+) -> str:
+    """A slurmd pod bound to `node` whose hostname is `slurm_node`; returns its name. StatefulSet
+    mode names it after its identity (here the Slurm node), DaemonSet mode generates a name from
+    the NodeSet's (utils.go initIdentity, newNodeSetPodDaemon)."""
+    name = {"name": slurm_node} if mode == "StatefulSet" else {"generateName": f"{nodeset}-"}
+    labels = SLURMD_LABELS | {SCALING_MODE_LABEL: mode, POD_HOSTNAME_LABEL: slurm_node}
+    pod = core.create_namespaced_pod(
         namespace,
         {
-            "metadata": {"name": slurm_node, "labels": SLURMD_LABELS},
+            "metadata": {**name, "labels": labels},
             "spec": {
                 "nodeName": node,
                 "hostname": slurm_node,
@@ -215,6 +259,7 @@ def create_slurmd_pod(core: client.CoreV1Api, namespace: str, slurm_node: str, n
             },
         },
     )
+    return pod.metadata.name
 
 
 def mark_running(core: client.CoreV1Api, namespace: str, pod: str) -> None:
@@ -252,14 +297,28 @@ class SlinkyOperator(_Simulator):
       `slurm-workers-pdb-<controller>` (maxUnavailable 0) matches, so evicting it gets 429.
     - Pod conditions SlurmNodeState<State> (status True, message the Slurm node's reason), one
       per base state and flag, stale ones removed.
+    - UpdateNodeWithPodInfo (slurmcontrol.go): when a Slurm node's pod runs on another Node than
+      before (a StatefulSet-mode pod recreated elsewhere), the Slurm node is set IDLE, which clears
+      a DOWN and a DRAIN, whoever set them. The operator keeps the pod's Node in the Slurm node's
+      comment; this simulation keeps it in memory, leaving the comments to the recovery.
+      `on_moved(slurm_node)` is called first (a drill clears the old machine's fault).
 
     Reconciled every tick (the operator: on events and every 30 s).
     """
 
-    def __init__(self, api_client: client.ApiClient, slurm: SlurmCli, *, namespace: str, interval: float):
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        slurm: SlurmCli,
+        *,
+        namespace: str,
+        interval: float,
+        on_moved: Callable[[str], None] | None = None,
+    ):
         super().__init__(api_client, interval)
-        self._slurm, self._namespace = slurm, namespace
+        self._slurm, self._namespace, self._on_moved = slurm, namespace, on_moved
         self._cordoned_for_node: set[str] = set()  # pod UIDs it annotated pod-cordon because of their Node
+        self._pod_node: dict[str, str] = {}  # Slurm node -> the Node its pod was last seen on (the podInfo)
 
     def reconcile(self) -> None:
         self._tick()
@@ -274,9 +333,21 @@ class SlinkyOperator(_Simulator):
             node = nodes.get(pod.spec.node_name or "")
             if pod.metadata.deletion_timestamp is not None or found is None or node is None:
                 continue
+            if self._moved(found, node.metadata.name):
+                found = next(n for n in asyncio.run(self._slurm.list_nodes()) if n.name == found.name)
             self._sync_cordon(core, pod, node, found)
             self._sync_protection(core, pod, found)
             self._sync_conditions(core, pod, found)
+
+    def _moved(self, found: SlurmNode, node: str) -> bool:
+        before = self._pod_node.get(found.name)
+        self._pod_node[found.name] = node
+        if before is None or before == node:
+            return False
+        if self._on_moved is not None:  # the machine is new before Slurm hears of it
+            self._on_moved(found.name)
+        asyncio.run(self._slurm.run("scontrol", "update", f"NodeName={found.name}", "State=IDLE"))
+        return True
 
     def _sync_cordon(self, core: client.CoreV1Api, pod: client.V1Pod, node: client.V1Node, found: SlurmNode) -> None:
         ours = not found.reason or found.reason.startswith(OPERATOR_REASON_PREFIX)
@@ -377,7 +448,21 @@ class NodeProvisioner(Provisioner):
 
 
 class NodeSetController(_Simulator):
-    """Keeps a slurmd pod for each Slurm node it serves; a lost one is replaced by the next hot spare."""
+    """The NodeSet controller's pods, by scaling mode (nodeset_sync.go, syncNodeSetPods):
+
+    - StatefulSet: one pod per replica, each with its identity: here the Slurm nodes served at
+      start, then the hot spares as the next ones. A lost pod comes back under its identity (pod
+      name, hostname, Slurm node) on a Node that can take it; with none free, a Node is ordered, as
+      a cluster autoscaler does for a pod no Node can take. Replicas added: the next identities, on
+      the Nodes the Provisioner brings for them.
+    - DaemonSet: a pod on every Node that can take one (Ready, GPUs, no NoSchedule or NoExecute
+      taint: PodShouldRunOnNode; a pod already there stays), named from the NodeSet's, its Slurm
+      node the Node's hostname-override annotation. A new Node without one is given the next hot
+      spare's name, as its bootstrap would name the machine. `replicas` plays no part.
+
+    Every hot spare's slurmd registering with slurmctld is played by resuming the spare from its
+    standby drain; a recreated identity's Slurm node is the operator's to bring back (SlinkyOperator).
+    """
 
     def __init__(
         self,
@@ -386,32 +471,76 @@ class NodeSetController(_Simulator):
         slurm: SlurmCli,
         *,
         namespace: str,
+        nodeset: str,
+        mode: ScalingMode,
         serving: list[str],
         spares: list[str],
     ):
         super().__init__(api_client, TICK_SECONDS)
         self._provisioner, self._slurm, self._namespace = provisioner, slurm, namespace
-        self._serving = set(serving)
-        self._spares = list(spares)  # not brought up yet, in order
-        self._waiting: list[str] = []  # spares waiting for a free Node
+        self._nodeset, self._mode = nodeset, mode
+        self._identities = list(serving) + list(spares)  # in order: the replicas' identities
+        self._spares = set(spares)
+        self._registered = set(serving)  # Slurm nodes whose slurmd has registered
+        self._ordered: set[str] = set()  # identities a Node was ordered for
 
     def _tick(self) -> None:
         core = client.CoreV1Api(self._api)
         pods = core.list_namespaced_pod(self._namespace, label_selector=SLURMD_SELECTOR).items
-        # A pod that is only Terminating still counts: a NodeSet, like a StatefulSet, waits until it is gone.
-        for lost in sorted(self._serving - {p.spec.hostname for p in pods}):
-            self._serving.remove(lost)
-            if self._spares:  # without one, the NodeSet stays a replica short
-                self._waiting.append(self._spares.pop(0))
-                self._provisioner.order()  # every Node holds a slurmd pod: the replacement needs a new one
-        if not self._waiting:
-            return
+        nodes = core.list_node().items
+        if self._mode == "StatefulSet":
+            self._keep_replicas(core, pods, nodes)
+        else:
+            self._one_per_node(core, pods, nodes)
+
+    def _keep_replicas(self, core: client.CoreV1Api, pods: list[client.V1Pod], nodes: list[client.V1Node]) -> None:
+        group, version, plural = NODESET
+        nodeset = client.CustomObjectsApi(self._api).get_namespaced_custom_object(
+            group, version, self._namespace, plural, self._nodeset
+        )
+        replicas = (nodeset.get("spec") or {}).get("replicas") or 0
+        # A pod that is only Terminating still counts: like a StatefulSet, it waits until it is gone.
+        missing = [i for i in self._identities[:replicas] if i not in {p.spec.hostname for p in pods}]
+        free = [n.metadata.name for n in self._free_nodes(pods, nodes, can_take_slurmd)]
+        for identity in missing:
+            if free:
+                self._start(core, identity, free.pop(0))
+            elif identity in self._registered and identity not in self._ordered:
+                self._ordered.add(identity)  # lost: a Node for it, as an autoscaler brings one
+                self._provisioner.order()
+
+    def _one_per_node(self, core: client.CoreV1Api, pods: list[client.V1Pod], nodes: list[client.V1Node]) -> None:
+        for node in self._free_nodes(pods, nodes, _daemon_pod_fits):
+            annotations = node.metadata.annotations or {}
+            identity = annotations.get(HOSTNAME_OVERRIDE_ANNOTATION)
+            if identity is None:
+                unnamed = [s for s in self._identities if s in self._spares and s not in self._registered]
+                if not unnamed:
+                    continue  # no slurmd to play this machine's
+                identity = unnamed[0]
+                patch = {"metadata": {"annotations": {HOSTNAME_OVERRIDE_ANNOTATION: identity}}}
+                core.patch_node(node.metadata.name, patch)
+            self._start(core, identity, node.metadata.name)
+
+    def _free_nodes(
+        self, pods: list[client.V1Pod], nodes: list[client.V1Node], fits: Callable[[client.V1Node], bool]
+    ) -> list[client.V1Node]:
         taken = {p.spec.node_name for p in pods}
-        free = [n.metadata.name for n in core.list_node().items if n.metadata.name not in taken and can_take_slurmd(n)]
-        for spare, node in list(zip(self._waiting, free)):
-            self._waiting.remove(spare)
-            create_slurmd_pod(core, self._namespace, spare, node)
+        free = [n for n in nodes if n.metadata.name not in taken and fits(n)]
+        return sorted(free, key=lambda n: n.metadata.name)
+
+    def _start(self, core: client.CoreV1Api, identity: str, node: str) -> None:
+        pod = create_slurmd_pod(core, self._namespace, identity, node, mode=self._mode, nodeset=self._nodeset)
+        if identity not in self._registered:
             # slurmd registers with slurmctld: the spare leaves its standby drain
-            asyncio.run(self._slurm.update_node(spare, "RESUME", None))
-            mark_running(core, self._namespace, spare)
-            self._serving.add(spare)
+            asyncio.run(self._slurm.update_node(identity, "RESUME", None))
+            self._registered.add(identity)
+        self._ordered.discard(identity)
+        mark_running(core, self._namespace, pod)
+
+
+def _daemon_pod_fits(node: client.V1Node) -> bool:
+    """Where a DaemonSet-mode pod should run: Slinky's predicates look at taints (a cordon alone
+    does not stop a daemon pod), and it runs once the Node is Ready with GPUs."""
+    blocked = any(t.effect in ("NoSchedule", "NoExecute") for t in node.spec.taints or [])
+    return is_ready(node) and not blocked and int((node.status.allocatable or {}).get(GPU_RESOURCE, "0")) > 0

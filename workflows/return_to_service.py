@@ -93,7 +93,7 @@ class ReturnToServiceWorkflow:
             return
         unfenced = await workflow.execute_activity_method(
             KubernetesActivities.unfence_k8s_node,
-            K8sNodeRequest(node=kubernetes_node, ctx=req.ctx),
+            K8sNodeRequest(node=kubernetes_node, ctx=req.ctx, slurm_node=req.node),
             summary=f"Undo incident {req.ctx.incident_id}'s fence of Node {kubernetes_node}",
             **K8S_CALL,
         )

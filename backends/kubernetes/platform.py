@@ -23,8 +23,9 @@ from backends.kubernetes.providers import (
 from backends.kubernetes.slurm_view import SlurmNodeView, confirm_evictable
 from backends.kubernetes.spares import SpareWatch
 from backends.platform import Progress, telling_progress
+from contracts.audit import record
 from contracts.k8s_settings import KubernetesSettings
-from contracts.kubernetes import EvictResult, K8sReplacementRequest, K8sSpareWaitRequest
+from contracts.kubernetes import EvictResult, K8sReplacementRequest, K8sSpareWaitRequest, K8sUnfenceResult
 from contracts.models import (
     ActionContext,
     FenceHandle,
@@ -99,6 +100,31 @@ class SlinkyNodes:
         handle = self._handle(pod, fenced.prior.fenced_at if fenced.prior is not None else utc_now())
         detail = "; ".join(a.detail for a in fenced.actions) or "already fenced by this incident"
         return FenceResult(handle=handle, detail=f"{where}: {detail}", actions=fenced.actions)
+
+    async def unfence(self, node: str, slurm_node: str | None, ctx: ActionContext) -> K8sUnfenceResult:
+        """Undo this incident's fence of the Node, once the return to service found `slurm_node`
+        repaired; but not when that Slurm node's slurmd pod now runs on another Node (a
+        StatefulSet-mode NodeSet recreates it wherever it can): its health then says nothing of
+        this Node, which stays fenced for a person to repair."""
+        if slurm_node is not None:
+            elsewhere = [
+                p
+                for p in await self.pods.list()
+                if p.slurm_node == slurm_node and not p.terminating and p.node not in (None, node)
+            ]
+            if elsewhere:
+                moved = elsewhere[0]
+                action = record(
+                    "unfence_k8s_node",
+                    node,
+                    "none",
+                    ctx,
+                    f"left fenced: Slurm node {slurm_node} now runs on Node {moved.node} (its slurmd pod "
+                    f"{moved.namespace}/{moved.name} was recreated there), so its health says nothing of "
+                    f"{node}; uncordon {node} once it is repaired",
+                )
+                return K8sUnfenceResult(node=node, changed=False, restored=None, detail=action.detail, actions=[action])
+        return await self.fencing.unfence(node, ctx)
 
     def _handle(self, pod: SlurmdPod, fenced_at: datetime) -> FenceHandle:
         return FenceHandle(

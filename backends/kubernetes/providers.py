@@ -3,8 +3,10 @@ RECOVERY_K8S_REPLACEMENT. They play the role of backends/replacement.py's HotSpa
 per incident (and again on a retry, with one effect), they start the replacement; which Node then
 serves is found by SpareWatch, unless the provider names it.
 
-- NodeSetReplacement: Slinky's NodeSet brings a slurmd pod up on a healthy Node: it recreates the
-  evicted pod by itself, or, configured to, gets one more replica through the /scale subresource.
+- NodeSetReplacement: Slinky's NodeSet brings a slurmd pod up on a healthy Node: in StatefulSet
+  mode it recreates the evicted pod by itself (the same Slurm node, on another Node), or,
+  configured to, gets one more replica through the /scale subresource. A DaemonSet-mode NodeSet
+  has no replicas to ask for: only a new Node brings a pod, so this provider declines.
 - NodeLifecycleReplacement: the failed Node is labelled for the cluster's node lifecycle (an
   autoscaler, Cluster API, a cloud's repair), and deleted when configured, so that a new one comes.
 - HttpReplacement: a generic replacement API (docs/replacement-http-provider.md), for clouds.
@@ -109,14 +111,31 @@ class NodeSetReplacement:
 
     async def request(self, req: K8sReplacementRequest, progress: Progress) -> K8sReplacementResult:
         nodeset = await self._read()
-        replicas = nodeset.get("spec", {}).get("replicas", 1)
+        spec = nodeset.get("spec", {})
+        if spec.get("scalingMode", "StatefulSet") == "DaemonSet":
+            # One slurmd pod per matching Node, `replicas` ignored: the fenced Node gets none again,
+            # and only a new Node brings one.
+            action = record(
+                "request_k8s_replacement",
+                self._target,
+                "none",
+                req.ctx,
+                "the NodeSet runs one slurmd pod per matching Node (scalingMode DaemonSet) and takes no "
+                "replica count: capacity comes only with a new Node, which this provider cannot ask for "
+                "(RECOVERY_K8S_REPLACEMENT=node-lifecycle or http can)",
+            )
+            return K8sReplacementResult(
+                provider=self.name, accepted=False, node=None, detail=action.detail, actions=[action]
+            )
+        replicas = spec.get("replicas", 1)
         if not self._scale_up:
             action = record(
                 "request_k8s_replacement",
                 self._target,
                 "none",
                 req.ctx,
-                f"the NodeSet recreates {req.slurm_node}'s slurmd pod on a healthy Node ({replicas} replicas)",
+                f"the NodeSet recreates slurmd pod {req.slurm_node}, Slurm node and all, on another Node "
+                f"that can take it ({replicas} replicas, scalingMode StatefulSet)",
             )
             return K8sReplacementResult(
                 provider=self.name, accepted=True, node=None, detail=action.detail, actions=[action]

@@ -4,10 +4,13 @@ and the reference training job with real checkpoints."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from contracts.kubernetes import SLURMD_PRE_STOP_REASON
-from drills.drill import DrillOptions
+from drills.drill import DrillOptions, SimulatedKubernetes
+from workflows.return_to_service import ReturnToServiceWorkflow
 
 pytestmark = pytest.mark.slurm
 
@@ -62,14 +65,53 @@ async def test_xid79_on_slurm_on_kubernetes_evicts_the_slurmd_pod_after_the_drai
     assert eviction.command.startswith(f"POST /api/v1/namespaces/slurm/pods/{r.node}/eviction ")
     assert f"Slurm: {r.node} down+DRAIN" in eviction.detail
     assert next(p for p in r.phases if p.name == "release_node").result.endswith("; terminated")
-    # The replacement: the cluster's hot spare, whose slurmd pod came up on a new Node.
-    assert r.spare_node == "gpu-5" and 0 < r.replacement_seconds < r.time_to_resume_seconds
+    # The replacement (Slinky's default StatefulSet mode): the NodeSet recreated the slurmd pod, the
+    # same Slurm node, on a new Node, and the operator set it IDLE there.
+    assert r.spare_node == r.node and 0 < r.replacement_seconds < r.time_to_resume_seconds
+    request = next(p for p in r.phases if p.name == "request_replacement")
+    assert f"recreates slurmd pod {r.node}, Slurm node and all, on another Node" in request.result, request.result
     wait = next(p for p in r.phases if p.name == "wait_for_spare")
-    assert wait.result.startswith("gpu-5 on Node k8s-gpu-new-0: ")
-    assert wait.result.endswith("; health check passed: gpu-5: slurmd answers, 8 GPUs present, no fault"), wait.result
-    assert (await drill.slurm.get_node("gpu-5")).in_service
-    # The evicted pod's preStop hook (Slinky's) set the failed node DOWN with the operator's reason
-    # (what the return to service then makes of it: test_return_to_service.py).
+    assert wait.result.startswith(f"{r.node} on Node k8s-gpu-new-0: ")
+    health = f"; health check passed: {r.node}: slurmd answers, 8 GPUs present, no fault"
+    assert wait.result.endswith(health), wait.result
+    assert (await drill.slurm.get_node(r.node)).in_service
+
+
+async def test_the_return_to_service_leaves_the_failed_node_fenced_once_its_slurm_node_moved(drill):
+    """StatefulSet mode: the failed Slurm node serves again from a new Node. Its health says nothing
+    of the Node it left, which must stay fenced (before: the return to service found the Slurm node
+    healthy and uncordoned the broken Node)."""
+    async with SimulatedKubernetes(drill) as kubernetes:
+        run = await drill.start(DrillOptions(xid=79), kubernetes=kubernetes)
+        report = await drill.follow(run.handle, 300)
+        watcher = drill.client.get_workflow_handle_for(ReturnToServiceWorkflow.run, report.return_to_service)
+        returned = await asyncio.wait_for(watcher.result(), 60)
+        result = await drill.finish(run, 60)
+    assert result.passed, [c for c in result.checks if not c.passed]
+    assert returned.returned, returned
+    [left] = [a for a in returned.actions if a.action == "unfence_k8s_node"]
+    failed_node = f"k8s-{report.node}"
+    assert left.detail.startswith(f"left fenced: Slurm node {report.node} now runs on Node k8s-gpu-new-0"), left
+    assert left.target == failed_node and left.path == "none"
+    assert "failed Node cordoned and tainted" in {c.name for c in result.checks if c.passed}
+
+
+async def test_xid79_with_a_daemonset_mode_nodeset_gets_a_new_node_from_the_node_lifecycle(drill):
+    """DaemonSet mode: the fenced Node gets no slurmd pod again; the node lifecycle brings a new
+    Node, whose pod is a new Slurm node (the cluster's spare); the failed one stays down."""
+    result = await drill.run(DrillOptions(xid=79, k8s=True, k8s_scaling_mode="DaemonSet"))
+    r = result.report
+    assert r.outcome == "recovered", r.model_dump_json(indent=1)
+    assert result.passed, [c for c in result.checks if not c.passed]
+    [job] = r.jobs
+    assert job.restart_count == 1 and job.verified and r.node not in job.nodes_after
+    [eviction] = [a for a in r.actions if a.action == "evict_slurmd_pod"]
+    assert eviction.target.startswith("pod slurm/gpu-") and eviction.target != f"pod slurm/{r.node}"
+    [handed] = [a for a in r.actions if a.action == "hand_node_to_lifecycle"]
+    assert handed.target == f"k8s-{r.node}" and handed.detail.startswith("labelled recovery.gpu/replace=true")
+    assert r.spare_node == "gpu-5"
+    wait = next(p for p in r.phases if p.name == "wait_for_spare")
+    assert wait.result.startswith("gpu-5 on Node k8s-gpu-new-0: "), wait.result
     failed = await drill.slurm.get_node(r.node)
     assert (failed.state, failed.reason) == ("down", SLURMD_PRE_STOP_REASON), failed
 

@@ -41,6 +41,8 @@ def recovery(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
         (["list", "--node", "gpu-1 OR 1=1"], "invalid node name"),
         (["stack", "sideways"], "'sideways' is not one of"),
         (["drill", "--slurm-version", "23.02"], "'23.02' is not one of"),
+        (["drill", "--k8s-scaling-mode", "DaemonSet"], "--k8s-scaling-mode applies to a drill on Slurm on Kubernetes"),
+        (["drill", "--k8s", "--k8s-scaling-mode", "ReplicaSet"], "'ReplicaSet' is not one"),
     ],
 )
 def test_bad_input_is_refused_with_exit_2_before_any_connection(args, problem):
