@@ -290,6 +290,21 @@ async def test_a_running_job_is_requeued_held_unpinned_and_released_on_the_paths
         await cli.run("scancel", str(job_id))
 
 
+async def test_a_pending_jobs_exclusions_are_set_and_cleared_on_the_path_its_version_allows(backends):
+    """The exclusion list of a pending job, set and emptied through the client: over REST an empty
+    list was silently ignored (the exclusions kept); one empty name clears them, as the CLI does."""
+    cli, rest, client = backends
+    job_id = await sleeper_on_the_compute_node(cli, "--hold")
+    try:
+        calls = [await client.set_excluded_nodes(job_id, ["gpu-2", "gpu-3"])]
+        assert (await cli.get_job(job_id)).excluded_nodes == ["gpu-2", "gpu-3"]
+        calls.append(await client.set_excluded_nodes(job_id, []))
+        assert (await cli.get_job(job_id)).excluded_nodes == []
+        assert {c.path for c in calls} == {client.path_for("set_excluded_nodes")} and all(c.executed for c in calls)
+    finally:
+        await cli.run("scancel", str(job_id))
+
+
 async def sleeper_on_the_compute_node(cli: SlurmCli, *options: str) -> int:
     """A one-task job that sleeps on COMPUTE_NODE: its id."""
     out = await cli.run(
