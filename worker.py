@@ -211,6 +211,7 @@ def activities_for(
         jobs.signal_job,
         jobs.wait_for_checkpoint,
         jobs.requeue_job,
+        jobs.readmit_node,
         jobs.verify_restart,
         *JobRecoveryActivities(temporal, settings.task_queue).all(),
         *platform.all(),

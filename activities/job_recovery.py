@@ -53,15 +53,16 @@ class JobRecoveryActivities:
             ) from err
 
     @activity.defn
-    async def ask_job_verification(self, job_id: int, run_id: str) -> None:
-        """The incident is ready for the verification of the run that took the job off its node."""
+    async def ask_job_verification(self, job_id: int, run_id: str, readmitted: list[str] | None = None) -> None:
+        """The incident is ready for the verification of the run that took the job off its node;
+        `readmitted`: its node, when it serves again from new hardware (the job may run there)."""
         # get_workflow_handle_for(JobRecoveryWorkflow.run, ...) is this call, but mypy cannot infer its
         # types from a run method without a parameter.
         handle: WorkflowHandle[JobRecoveryWorkflow, JobRecovered] = self._client.get_workflow_handle(
             job_recovery_workflow_id(self._task_queue, job_id), run_id=run_id, result_type=JobRecovered
         )
         try:
-            await handle.signal(JobRecoveryWorkflow.verify)
+            await handle.signal(JobRecoveryWorkflow.verify, readmitted or [])
         except RPCError as err:
             if err.status != RPCStatusCode.NOT_FOUND:  # NOT_FOUND: it has ended, and told its incidents how
                 raise

@@ -29,6 +29,7 @@ from contracts.models import (
     JobSnapshot,
     JobVerification,
     PinnedJobs,
+    ReadmitRequest,
     RequeueRequest,
     RequeueResult,
     SignalRequest,
@@ -76,6 +77,25 @@ class JobActivities:
         return record(
             "signal_job", f"job {req.job_id}", call, req.ctx, f"SIG{req.signal} to the batch shell and every step"
         )
+
+    @activity.defn
+    async def readmit_node(self, req: ReadmitRequest) -> list[ActionRecord]:
+        """Takes the node out of the exclusions of those jobs still pending (Slurm changes a job's
+        exclusions only then; a running one keeps it until its next requeue). Safe to retry: a job
+        without it is left alone."""
+        actions = []
+        for job_id in req.job_ids:
+            try:
+                job = await self._slurm.get_job(job_id)
+            except SlurmNotFound:
+                continue  # forgotten by Slurm: nothing to readmit it to
+            if job.state != "PENDING" or req.node not in job.excluded_nodes:
+                continue
+            kept = [n for n in job.excluded_nodes if n != req.node]
+            call = await self._slurm.acting(req.ctx.dry_run).set_excluded_nodes(job_id, kept)
+            detail = f"ExcNodeList={','.join(kept) or '(none)'}: {req.why}"
+            actions.append(record("readmit_node", f"job {job_id}", call, req.ctx, detail))
+        return actions
 
     @activity.defn
     async def wait_for_checkpoint(self, req: CheckpointWaitRequest) -> CheckpointWaitResult:
@@ -333,7 +353,7 @@ class JobActivities:
             return gone, True
         if job.state != "RUNNING":
             why.append(f"job is {job.state} ({job.state_reason}), not RUNNING")
-        if on_failed := [node for node in req.failed_nodes if node in job.nodes]:
+        if on_failed := [node for node in req.failed_nodes if node in job.nodes and node not in req.readmitted]:
             why.append(f"job runs on the failed node {','.join(on_failed)}")
         if job.restart_count != req.expected_restart_count:
             why.append(f"restart count is {job.restart_count}, expected {req.expected_restart_count}")

@@ -418,6 +418,16 @@ class CheckpointWaitRequest(Contract):
     poll_seconds: float
 
 
+class ReadmitRequest(Contract):
+    """The failed Slurm node serves again from new hardware under its name (a StatefulSet-mode
+    slurmd pod recreated on another Node): the incident's jobs kept off it may use it again."""
+
+    node: NodeName
+    job_ids: list[JobId]
+    why: Annotated[str, Field(max_length=500)]
+    ctx: ActionContext
+
+
 class RequeueRequest(Contract):
     job: SlurmJob
     failed_node: NodeName
@@ -516,6 +526,11 @@ class VerifyRequest(Contract):
     deadline_seconds: float
     also_failed: list[NodeName] = Field(default_factory=list, description="the job's other failed nodes")
     restart_count: int | None = Field(None, description="the restart count the requeue left; None: the snapshot's + 1")
+    readmitted: list[NodeName] = Field(
+        default_factory=list,
+        description="failed nodes serving again from new hardware under their names (a StatefulSet-mode slurmd "
+        "pod recreated on another Node): the job may run there",
+    )
 
     @property
     def expected_restart_count(self) -> int:

@@ -431,11 +431,15 @@ class Drill:
                 DrillCheck(name="recovered", passed=report.outcome_kind == OutcomeKind.RECOVERED, detail=report.outcome)
             )
             job = next((j for j in report.jobs if j.job_id == job_id), None)
+            # The replacement may be the failed Slurm node itself on new hardware (Slinky's
+            # StatefulSet mode, its slurmd pod now on another Node): the job may run there again.
+            moved = report.spare_node == node
             checks.append(
                 DrillCheck(
                     name="job moved off the failed node",
-                    passed=job is not None and bool(job.nodes_after) and node not in job.nodes_after,
-                    detail=f"before {job.nodes_before if job else '?'}, after {job.nodes_after if job else '?'}",
+                    passed=job is not None and bool(job.nodes_after) and (moved or node not in job.nodes_after),
+                    detail=f"before {job.nodes_before if job else '?'}, after {job.nodes_after if job else '?'}"
+                    + (f" ({node} runs on new hardware)" if moved else ""),
                 )
             )
             if corrupted:

@@ -56,11 +56,14 @@ class JobRecoveryWorkflow:
         self._told: set[str] = set()  # the nodes whose incidents heard of that requeue
         self._requeue: RequeueResult | None = None
         self._verify_asked = False
+        self._readmitted: set[str] = set()
 
     @workflow.signal
-    def verify(self) -> None:
-        """An incident is ready for the verification (its replacement is in): the deadline runs from now."""
+    def verify(self, readmitted: list[str] | None = None) -> None:
+        """An incident is ready for the verification (its replacement is in): the deadline runs from
+        now. `readmitted`: its node, when it serves again from new hardware (the job may run there)."""
         self._verify_asked = True
+        self._readmitted.update(readmitted or [])
 
     @workflow.update
     def requeue(self, join: JobJoin) -> str:
@@ -186,6 +189,7 @@ class JobRecoveryWorkflow:
             requeue=requeue,
             restart_count=requeue.restart_count,
             deadline_seconds=self._first.verify_deadline_seconds,
+            readmitted=sorted(self._readmitted & self._covered),
         )
 
     @property

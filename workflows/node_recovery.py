@@ -97,6 +97,10 @@ POLICY_FROM_WORKER = "policy-from-worker"
 # every incident on the job's nodes joins: nodes of one job fail together, and the job must be
 # requeued once, kept off each of them, and verified once. Runs begun before requeue it themselves.
 JOBS_RECOVERED_TOGETHER = "jobs-recovered-together"
+# Runs that start on this code, when the replacement is the failed Slurm node itself on new
+# hardware (a StatefulSet-mode slurmd pod recreated on another Node), take it out of the
+# exclusions of the jobs still pending: kept off it, a job that needs every node never starts.
+READMIT_MOVED_NODE = "readmit-moved-node"
 
 
 def incident_workflow_id(node: str) -> str:
@@ -141,6 +145,7 @@ class NodeRecoveryWorkflow:
         self._idle_node_keeps_spare = False
         self._policy_from_worker = False
         self._jobs_together = False
+        self._readmits_moved_node = False
 
     # --- what reaches the incident: alerts, the jobs' recoveries, the budget, the operators ---
 
@@ -299,6 +304,7 @@ class NodeRecoveryWorkflow:
         self._policy_from_worker = workflow.patched(POLICY_FROM_WORKER)
         self._jobs_together = workflow.patched(JOBS_RECOVERED_TOGETHER)
         self._one_platform_seam = workflow.patched(ONE_PLATFORM_SEAM)
+        self._readmits_moved_node = workflow.patched(READMIT_MOVED_NODE)
 
     async def _handle(self, req: RecoveryRequest) -> IncidentReport:
         # The fence's local activities carry the incident id to Slurm before the first workflow task
@@ -431,6 +437,8 @@ class NodeRecoveryWorkflow:
         await self._mark_down(node, fence, ctx)
         await platform.release(ctx)
         no_replacement, spare = await self._replace(node, jobs, platform, ctx, policy)
+        if self._readmits_moved_node and jobs and spare is not None and spare.healthy and spare.node == node:
+            await self._steps.run("readmit_node", self._job_work.readmit(jobs, node, spare, ctx))
         if policy.dry_run:
             self._steps.skip("verify", "dry-run: no job was requeued")
             intended = sum(not a.executed for a in self._actions)

@@ -29,7 +29,8 @@ async def test_xid79_on_slurm_on_kubernetes_evicts_the_slurmd_pod_after_the_drai
     assert [c.name for c in result.checks][-3:] == KUBERNETES_CHECKS
     [job] = r.jobs
     assert job.restart_count == 1 and job.verified
-    assert r.node in job.nodes_before and r.node not in job.nodes_after
+    # It may run on the failed Slurm node again: that name serves from a new Node now (below).
+    assert r.node in job.nodes_before and len(job.nodes_after) == 2
     assert r.resumed_step == r.latest_complete_step and r.resumed_step >= 10
     # The platform's steps, each where the workflow must take it: the pod goes only once Slurm
     # has let go of the node.
@@ -47,6 +48,7 @@ async def test_xid79_on_slurm_on_kubernetes_evicts_the_slurmd_pod_after_the_drai
         "release_node",
         "request_replacement",
         "wait_for_spare",
+        "readmit_node",
         "verify",
         "return_to_service",
     ]
@@ -75,6 +77,25 @@ async def test_xid79_on_slurm_on_kubernetes_evicts_the_slurmd_pod_after_the_drai
     health = f"; health check passed: {r.node}: slurmd answers, 8 GPUs present, no fault"
     assert wait.result.endswith(health), wait.result
     assert (await drill.slurm.get_node(r.node)).in_service
+
+
+async def test_a_job_that_needs_every_node_runs_again_on_the_failed_slurm_node_once_it_moved(drill):
+    """StatefulSet mode, a job on all four compute nodes: requeued off gpu-2, it can start only
+    once gpu-2 serves again, from a new Node. The incident takes gpu-2 out of its exclusions then
+    (before, the job stayed pending, kept off a node that now runs on healthy hardware)."""
+    result = await drill.run(DrillOptions(xid=79, k8s=True, job_nodes=4))
+    r = result.report
+    assert r.outcome == "recovered", r.model_dump_json(indent=1)
+    assert result.passed, [c for c in result.checks if not c.passed]
+    [job] = r.jobs
+    assert job.verified and job.restart_count == 1 and sorted(job.nodes_after) == sorted(job.nodes_before)
+    [readmitted] = [a for a in r.actions if a.action == "readmit_node"]
+    assert readmitted.target == f"job {job.job_id}" and readmitted.executed
+    assert readmitted.detail.startswith(f"ExcNodeList=(none): {r.node} serves from new hardware (")
+    assert "k8s-gpu-new-0" in readmitted.detail
+    at = {a.action: a.at for a in r.actions}
+    assert at["exclude_nodes"] < at["readmit_node"]
+    assert (await drill.slurm.get_job(job.job_id)).excluded_nodes == []
 
 
 async def test_the_return_to_service_leaves_the_failed_node_fenced_once_its_slurm_node_moved(drill):

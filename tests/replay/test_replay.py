@@ -58,6 +58,8 @@ def test_fixtures_cover_the_recorded_incidents():
         "no-spare.NodeRecoveryWorkflow.json",
         "drill-xid79-dry-run.NodeRecoveryWorkflow.json",
         "drill-xid79-k8s.NodeRecoveryWorkflow.json",
+        "drill-xid79-k8s-readmit-moved-node.NodeRecoveryWorkflow.json",
+        "drill-xid79-k8s-readmit-moved-node.JobRecoveryWorkflow.json",
         "xid79-fatal-one-platform-seam.NodeRecoveryWorkflow.json",
         "drill-xid79-k8s-one-platform-seam.NodeRecoveryWorkflow.json",
     ):

@@ -30,10 +30,12 @@ with workflow.unsafe.imports_passed_through():
         JobSnapshot,
         JobVerification,
         PeerIncident,
+        ReadmitRequest,
         RecoveryPolicy,
         RequeueRequest,
         RequeueResult,
         SignalRequest,
+        SpareResult,
         VerifyRequest,
     )
     from workflows.call_options import HEARTBEAT, JOB_REQUEUE_WAIT, SLURM_CALL, SLURM_RETRY
@@ -64,6 +66,7 @@ class JobWork:
         self._recovered: dict[int, JobRecovered] = {}
         self._failures: dict[int, JobRecoveryFailure] = {}
         self.failed_together: dict[int, list[PeerIncident]] = {}
+        self._readmitted: list[str] = []  # the node, once it serves from new hardware
 
     # --- what the jobs' recoveries tell (the workflow's signals) --------------------------------
 
@@ -99,6 +102,24 @@ class JobWork:
             # A job that ended meanwhile cannot be signalled; requeue and verify will say so.
             workflow.logger.warning("could not signal job %s: %s", snap.job.job_id, e.cause)
             return None
+
+    async def readmit(self, jobs: list[JobSnapshot], node: str, spare: SpareResult, ctx: ActionContext) -> None:
+        """The failed Slurm node is the replacement, on new hardware (a StatefulSet-mode slurmd pod
+        recreated on another Node): the jobs requeued off it may use it again."""
+        readmitted = await workflow.execute_activity_method(
+            JobActivities.readmit_node,
+            ReadmitRequest(
+                node=node,
+                job_ids=[s.job.job_id for s in jobs],
+                why=f"{node} serves from new hardware ({spare.detail.split(';')[0]})"[:500],
+                ctx=ctx,
+            ),
+            summary=f"Let the jobs kept off {node} use it again: it runs on new hardware",
+            **SLURM_CALL,
+        )
+        self._actions.extend(readmitted)
+        self._readmitted = [node]
+        self._steps.note("; ".join(a.detail for a in readmitted) or "no job still pending kept off it")
 
     async def grace(self, jobs: list[JobSnapshot], grace_seconds: float, poll_seconds: float) -> None:
         """Durable grace timer; ends early once every job has written a new complete checkpoint."""
@@ -209,7 +230,7 @@ class JobWork:
     async def _verify_together(self, job_id: int, deadline: float) -> JobVerification:
         await workflow.execute_activity_method(
             JobRecoveryActivities.ask_job_verification,
-            args=[job_id, self._requeued[job_id].run_id],
+            args=[job_id, self._requeued[job_id].run_id, *([self._readmitted] if self._readmitted else [])],
             summary=f"Ask job {job_id}'s recovery for its verification",
             **SLURM_CALL,
         )
