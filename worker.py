@@ -137,9 +137,28 @@ def slurmrestd_token(settings: Settings) -> str | TokenFile | None:
     return settings.slurmrestd_token.get_secret_value() if settings.slurmrestd_token else None
 
 
+# With no Slurm CLI the worker needs slurmrestd, which may start after it (a pod beside it): asked
+# this many times, SLURMRESTD_RETRY_SECONDS apart, before the worker stops.
+SLURMRESTD_START_ATTEMPTS = 30
+SLURMRESTD_RETRY_SECONDS = 2.0
+
+
+async def _discover(rest: SlurmRest, required: bool) -> str:
+    for attempt in range(1, SLURMRESTD_START_ATTEMPTS + 1):
+        try:
+            return await rest.discover()
+        except SlurmUnavailable as e:
+            if not required or attempt == SLURMRESTD_START_ATTEMPTS:
+                raise
+            log.warning("slurmrestd does not answer yet (%s): asking again in %.0f s", e, SLURMRESTD_RETRY_SECONDS)
+            await asyncio.sleep(SLURMRESTD_RETRY_SECONDS)
+    raise AssertionError("unreachable")
+
+
 async def build_slurm(settings: Settings, stack: AsyncExitStack) -> SlurmClient:
     """slurmrestd where its version can, the CLI for the rest; with RECOVERY_SLURM_CLI=false slurmrestd
-    alone, which must then be reachable and able to do everything (ConfigError if it cannot)."""
+    alone, which must then be able to do everything (ConfigError if it cannot) and answer within
+    about a minute (RuntimeError if it does not: restart and try again)."""
     cli = SlurmCli(slurm_conf=settings.slurm_conf, bin_dir=settings.slurm_bin_dir) if settings.slurm_cli else None
     token = slurmrestd_token(settings)
     if not (settings.slurmrestd_url and token):
@@ -147,8 +166,19 @@ async def build_slurm(settings: Settings, stack: AsyncExitStack) -> SlurmClient:
     rest = SlurmRest(settings.slurmrestd_url, settings.slurmrestd_user, token)
     stack.push_async_callback(rest.aclose)
     try:
-        version = await rest.discover()
-    except (SlurmUnavailable, Unsupported) as e:
+        version = await _discover(rest, required=cli is None)
+    except SlurmUnavailable as e:
+        if cli is None:
+            # Unreachable is not a bad configuration: a crash, for the supervisor to restart.
+            raise RuntimeError(
+                f"RECOVERY_SLURM_CLI=false, and slurmrestd at {settings.slurmrestd_url} did not answer "
+                f"within {SLURMRESTD_START_ATTEMPTS} tries: {e}"
+            ) from e
+        log.warning(
+            "slurmrestd at %s not usable (%s): every Slurm call goes through the CLI", settings.slurmrestd_url, e
+        )
+        return SlurmClient(cli)
+    except Unsupported as e:
         if cli is None:
             raise ConfigError(f"RECOVERY_SLURM_CLI=false, and slurmrestd at {settings.slurmrestd_url}: {e}") from e
         log.warning(
