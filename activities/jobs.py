@@ -26,6 +26,7 @@ from contracts.models import (
     CheckpointRef,
     CheckpointWaitRequest,
     CheckpointWaitResult,
+    FindJobsRequest,
     JobSnapshot,
     JobVerification,
     PinnedJobs,
@@ -39,9 +40,6 @@ from contracts.models import (
 )
 
 POLL_SECONDS = 0.5
-# How long before the incident a job on the node may have died of the fault: from the GPU's fall
-# to the alert (Alertmanager's group_wait, a health check's period) and the incident's first steps.
-DIED_BEFORE_THE_INCIDENT = timedelta(minutes=5)
 # Why a pending job waits, where Slurm says it never starts as it is: no deadline needs waiting out.
 NEVER_STARTS = frozenset(
     {"BadConstraints", "PartitionConfig", "DependencyNeverSatisfied", "InvalidAccount", "InvalidQOS"}
@@ -54,12 +52,12 @@ class JobActivities:
         self._checkpoints = checkpoints
 
     @activity.defn
-    async def find_jobs(self, node: str) -> list[JobSnapshot]:
+    async def find_jobs(self, req: FindJobsRequest | str) -> list[JobSnapshot]:
         """The jobs on the node, and those the fault may have killed already: with srun's
         --kill-on-bad-exit (common for torchrun jobs) the lost GPU's crashed rank ends the whole
-        job, often before the alert arrives. Counted from when the incident first asked, so a
-        retry finds the same jobs."""
-        died_since = activity.info().scheduled_time - DIED_BEFORE_THE_INCIDENT
+        job, often before the alert arrives. (A node name alone: an incident begun before that.)"""
+        req = req if isinstance(req, FindJobsRequest) else FindJobsRequest(node=req)
+        node, died_since = req.node, req.died_since
         snapshots = []
         for job in await self._slurm.jobs_on_node(node, died_since=died_since):
             latest = progress = None

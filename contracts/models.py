@@ -418,6 +418,15 @@ class CheckpointWaitRequest(Contract):
     poll_seconds: float
 
 
+class FindJobsRequest(Contract):
+    node: NodeName
+    died_since: datetime | None = Field(
+        None,
+        description="also the requeueable jobs that died on the node (FAILED, NODE_FAIL) from then on: a lost "
+        "GPU's crashed rank can end a job before the alert arrives; None: the jobs holding the node only",
+    )
+
+
 class ReadmitRequest(Contract):
     """The failed Slurm node serves again from new hardware under its name (a StatefulSet-mode
     slurmd pod recreated on another Node): the incident's jobs kept off it may use it again."""

@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         DecisionRecord,
         FaultClass,
         FaultClassification,
+        FindJobsRequest,
         IncidentAction,
         IncidentReport,
         IncidentStatus,
@@ -101,6 +102,9 @@ JOBS_RECOVERED_TOGETHER = "jobs-recovered-together"
 # hardware (a StatefulSet-mode slurmd pod recreated on another Node), take it out of the
 # exclusions of the jobs still pending: kept off it, a job that needs every node never starts.
 READMIT_MOVED_NODE = "readmit-moved-node"
+# A job the lost GPU crashed ended just before its alert was observed (the alert comes after the
+# symptom: a log scrape, a health check's period): how far back find_jobs looks for one.
+DIED_BEFORE_THE_ALERT = timedelta(seconds=60)
 
 
 def incident_workflow_id(node: str) -> str:
@@ -401,7 +405,7 @@ class NodeRecoveryWorkflow:
         )
         fence = await self._drain(req, ctx)
         await platform.fence(node, ctx)
-        jobs, denied = await self._find_jobs_and_lease(node, policy)
+        jobs, denied = await self._find_jobs_and_lease(node, policy, first.observed_at - DIED_BEFORE_THE_ALERT)
         if denied is not None:
             return self._finish(
                 first,
@@ -523,10 +527,10 @@ class NodeRecoveryWorkflow:
         return self._finish(first, action, OutcomeKind.ESCALATED, f"{why}: node drained, jobs left running", [], None)
 
     async def _find_jobs_and_lease(
-        self, node: str, policy: RecoveryPolicy
+        self, node: str, policy: RecoveryPolicy, died_since: datetime
     ) -> tuple[list[JobSnapshot], DecisionRecord | None]:
-        """The node's jobs, then the fleet budget's lease for them. Returns the jobs, and an
-        operator's denial of the lease (or None)."""
+        """The node's jobs (those that died on it since `died_since` too), then the fleet budget's
+        lease for them. Returns the jobs, and an operator's denial of the lease (or None)."""
         takes_lease = policy.fleet_budget and not policy.dry_run
         # The budget needs the node's partitions: read (a read only) with its jobs, not after them.
         partitions = (
@@ -540,8 +544,8 @@ class NodeRecoveryWorkflow:
             "find_jobs",
             fence_call(
                 JobActivities.find_jobs,
-                node,
-                f"Find the jobs running on {node}",
+                FindJobsRequest(node=node, died_since=died_since),
+                f"Find the jobs running on {node}, and those that died on it since just before the alert",
             ),
             index_now=False,
         )

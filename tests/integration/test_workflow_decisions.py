@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -39,6 +39,7 @@ from contracts.models import (
     FenceHandle,
     FenceRequest,
     FenceResult,
+    FindJobsRequest,
     IncidentReport,
     JobSnapshot,
     JobVerification,
@@ -107,6 +108,7 @@ class StandIns:
         self.real_classify, self.real_count = classify, count_application_incidents
         self.calls: list[str] = []
         self.recorded: list[str] = []  # outcomes handed to the metrics
+        self.find_jobs_asked: list[FindJobsRequest] = []
         self.checkpoint_looks = 0
 
     def activities(self) -> list:
@@ -151,7 +153,8 @@ class StandIns:
             return RepairCheck(node=req.node, returned=False, final=True, detail="left as found: test")
 
         @activity.defn(name="find_jobs")
-        async def find_jobs(node: str) -> list[JobSnapshot]:
+        async def find_jobs(req: FindJobsRequest) -> list[JobSnapshot]:
+            self.find_jobs_asked.append(req)
             return (
                 []
                 if self.idle_node
@@ -326,6 +329,17 @@ async def test_fatal_xid_skips_the_grace_period(time_skipping_env):
     report = await run_incident(time_skipping_env, StandIns(FaultClass.FATAL), xid=79)
     assert phase(report, "grace").result.startswith("skipped: fatal XID")
     assert report.outcome == "recovered"
+
+
+async def test_the_jobs_that_died_on_the_node_are_looked_for_from_just_before_the_alert(time_skipping_env):
+    """A lost GPU's crashed rank can end its job before the alert (srun --kill-on-bad-exit): the
+    incident asks for the jobs that died on the node from 60 s before the alert was observed, no
+    earlier (a job that failed there minutes before, of something else, is not this fault's)."""
+    stand_ins = StandIns(FaultClass.FATAL)
+    observed = datetime(2026, 12, 5, 8, 0, tzinfo=timezone.utc)
+    alert = NodeFailureAlert(node="gpu-2", xid=79, source="test", actor="pytest", observed_at=observed)
+    await run_incident(time_skipping_env, stand_ins, xid=79, alert=alert)
+    assert [(r.node, r.died_since) for r in stand_ins.find_jobs_asked] == [("gpu-2", observed - timedelta(seconds=60))]
 
 
 async def test_no_spare_left_is_reported_not_hidden(time_skipping_env):
