@@ -390,11 +390,12 @@ start_slurmrestd() {
   echo $! > "$pidfile"
 }
 
+# Up to `tries` looks, 0.1 s apart (plus each look's own time); on timeout, what the last one said.
 wait_until() {
   local what=$1 tries=$2; shift 2
-  local t
-  for ((t = 0; t < tries; t++)); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
-  die "timed out waiting for $what"
+  local t said
+  for ((t = 0; t < tries; t++)); do said=$("$@" 2>&1 >/dev/null) && return 0; sleep 0.1; done
+  die "timed out waiting for $what${said:+: $(tail -n 1 <<<"$said")}"
 }
 
 nodes_registered() {
@@ -471,7 +472,8 @@ cmd_start() {
   start_token_renewer
   start_slurmrestd
   api=$(restd_newest_version)
-  wait_until "slurmrestd" 100 restd_answers "$(cat "$TOKEN_FILE")" "$api"
+  # 30 s: on a loaded 2-core machine slurmctld's first answers through slurmrestd took over 10 s
+  wait_until "slurmrestd (see $BASE/log/slurmrestd.log)" 300 restd_answers "$(cat "$TOKEN_FILE")" "$api"
   write_env
   log "up: Slurm $VERSION${ROOT:+ from $ROOT}: $(node_names | paste -sd' ' -) (spares: $(spare_names | paste -sd' ' -)); source $BASE/env.sh"
 }
