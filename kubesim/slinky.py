@@ -334,7 +334,7 @@ class SlinkyOperator(_Simulator):
             if pod.metadata.deletion_timestamp is not None or found is None or node is None:
                 continue
             if self._moved(found, node.metadata.name):
-                found = next(n for n in asyncio.run(self._slurm.list_nodes()) if n.name == found.name)
+                found = asyncio.run(self._slurm.get_node(found.name))
             self._sync_cordon(core, pod, node, found)
             self._sync_protection(core, pod, found)
             self._sync_conditions(core, pod, found)

@@ -63,7 +63,7 @@ class JobRecoveryWorkflow:
         """An incident is ready for the verification (its replacement is in): the deadline runs from
         now. `readmitted`: its node, when it serves again from new hardware (the job may run there)."""
         self._verify_asked = True
-        self._readmitted.update(readmitted or [])
+        self._readmitted.update(node for node in readmitted or [] if node in self._joined)  # bounded by the joined
 
     @workflow.update
     def requeue(self, join: JobJoin) -> str:

@@ -69,17 +69,7 @@ class SlurmClient:
         return [
             j
             for j in await self.list_jobs()
-            if name in j.nodes
-            and (
-                j.state in HOLDS_ITS_NODES
-                or (
-                    died_since is not None
-                    and j.state in DIED_OF_THE_FAULT
-                    and j.requeue
-                    and j.end_time is not None
-                    and j.end_time >= died_since
-                )
-            )
+            if name in j.nodes and (j.state in HOLDS_ITS_NODES or _died_since(j, died_since))
         ]
 
     async def update_node(self, name: str, state: NodeUpdate, reason: str | None) -> Invocation:
@@ -103,3 +93,14 @@ class SlurmClient:
 
     async def release_job(self, job_id: int) -> Invocation:
         return await self.backend_for("release_job").release_job(job_id)
+
+
+def _died_since(job: SlurmJob, since: datetime | None) -> bool:
+    """Ended FAILED or NODE_FAIL at `since` or later, and asked to be requeued."""
+    return (
+        since is not None
+        and job.state in DIED_OF_THE_FAULT
+        and job.requeue
+        and job.end_time is not None
+        and job.end_time >= since
+    )
