@@ -70,22 +70,29 @@ NEWEST_GENERATION = max(DEBIAN_RELEASE_OF_GENERATION, key=lambda g: tuple(map(in
 PORTS_ABOVE_BASE = 3000 + 600 + 200
 
 
-def _slurm_port_base() -> int:
-    """RECOVERY_TEST_SLURM_PORT_BASE, or 24800. Every cluster's ports must lie below the kernel's
-    ephemeral range: a base of 40800 had slurmd fail to bind ports the machine's own outgoing
-    connections held (44324, "Address already in use"), and many tests failed at random."""
-    base = int(os.environ.get("RECOVERY_TEST_SLURM_PORT_BASE", "24800"))
+def ports_below_the_ephemeral_range(base: int, above_base: int, what: str) -> int:
+    """`base`, when every port up to `base + above_base` lies below the kernel's ephemeral range;
+    else the suite stops with a clear message. A cluster port inside the range fails at random: a
+    base of 40800 had slurmd fail to bind ports the machine's own outgoing connections held (44324,
+    "Address already in use"), and test_local_stack's base of 30800 (a root's slurmrestd on 32820)
+    once had no slurmrestd answer at all."""
     try:
         ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return base
-    if base + PORTS_ABOVE_BASE >= ephemeral:
+    if base + above_base >= ephemeral:
         pytest.exit(
-            f"RECOVERY_TEST_SLURM_PORT_BASE={base}: the clusters would take ports up to {base + PORTS_ABOVE_BASE}, "
-            f"inside the ephemeral range from {ephemeral}; choose a base below {ephemeral - PORTS_ABOVE_BASE}",
+            f"{what}={base}: the clusters would take ports up to {base + above_base}, "
+            f"inside the ephemeral range from {ephemeral}; choose a base below {ephemeral - above_base}",
             2,
         )
     return base
+
+
+def _slurm_port_base() -> int:
+    """RECOVERY_TEST_SLURM_PORT_BASE, or 24800, below the ephemeral range."""
+    base = int(os.environ.get("RECOVERY_TEST_SLURM_PORT_BASE", "24800"))
+    return ports_below_the_ephemeral_range(base, PORTS_ABOVE_BASE, "RECOVERY_TEST_SLURM_PORT_BASE")
 
 
 @pytest.fixture(scope="session", params=list(DEBIAN_RELEASE_OF_GENERATION))

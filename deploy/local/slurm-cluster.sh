@@ -436,6 +436,8 @@ start_token_renewer() {
 }
 
 restd_answers() {
+  # a slurmrestd that exited (say, its port held by another socket) says why in its log's last line
+  alive "$BASE/run/slurmrestd.pid" || { echo "slurmrestd exited: $(tail -n 1 "$BASE/log/slurmrestd.log")" >&2; return 1; }
   curl -fsS -o /dev/null -H "X-SLURM-USER-NAME: root" -H "X-SLURM-USER-TOKEN: $1" \
     "http://127.0.0.1:$RESTD_PORT/slurm/$2/ping"
 }

@@ -19,14 +19,17 @@ import httpx
 import pytest
 
 from drills.localstack import DEBIAN_RELEASE_OF_GENERATION, LocalStack
+from tests.conftest import ports_below_the_ephemeral_range
 from trainer import checkpoint as ckpt
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]
 
 # A stack of its own, on ports apart from a drill's (16800 and 1000, 2000, 3000 above), the session
-# clusters' (24800 and above), the CLI test's (23800) and the benchmarks' (18800 and above).
+# clusters' (24800 to 28600), the CLI test's (23800) and the benchmarks' (18800 and above), and below
+# the ephemeral range (the newest generation's cluster takes 3000 above the base, and its slurmd 100+).
 STATE_DIR = Path("/tmp/training-recovery-stack-tests")
-PORT_BASE = 30800
+PORT_BASE = 29000
+PORTS_ABOVE_BASE = 3000 + 200
 GENERATIONS = tuple(DEBIAN_RELEASE_OF_GENERATION)
 # The REST API versions each generation serves (22.05: one plugin each; from 23.02: data parsers)
 REST_VERSIONS = {
@@ -97,8 +100,9 @@ def mounts_under(root: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def clusters():
+    base = ports_below_the_ephemeral_range(PORT_BASE, PORTS_ABOVE_BASE, "test_local_stack's PORT_BASE")
     stacks = {
-        g: LocalStack(state_dir=STATE_DIR, slurm_port_base=PORT_BASE, slurm_version=g, temporal_port=0, ui_port=0)
+        g: LocalStack(state_dir=STATE_DIR, slurm_port_base=base, slurm_version=g, temporal_port=0, ui_port=0)
         for g in GENERATIONS
     }
     # one generation is the host's, the others run from roots
