@@ -89,7 +89,7 @@ def ports_below_the_ephemeral_range(base: int, above_base: int, what: str) -> in
     return base
 
 
-def _slurm_port_base() -> int:
+def suite_slurm_port_base() -> int:
     """RECOVERY_TEST_SLURM_PORT_BASE, or 24800, below the ephemeral range."""
     base = int(os.environ.get("RECOVERY_TEST_SLURM_PORT_BASE", "24800"))
     return ports_below_the_ephemeral_range(base, PORTS_ABOVE_BASE, "RECOVERY_TEST_SLURM_PORT_BASE")
@@ -103,7 +103,7 @@ def local_stack(request) -> LocalStack:
     # RECOVERY_TEST_STATE_DIR / RECOVERY_TEST_SLURM_PORT_BASE let two suites run side by side.
     return LocalStack(
         state_dir=Path(os.environ.get("RECOVERY_TEST_STATE_DIR", "/tmp/training-recovery-tests")),
-        slurm_port_base=_slurm_port_base(),
+        slurm_port_base=suite_slurm_port_base(),
         temporal_port=0,
         ui_port=0,
         slurm_version=request.param,

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from drills.gameday import SCENARIOS, STORM_FAILURES
+from tests.conftest import PORTS_ABOVE_BASE, suite_slurm_port_base
 
 pytestmark = pytest.mark.slurm
 
@@ -45,8 +46,8 @@ def test_every_game_day_scenario_meets_its_objectives(tmp_path):
         "RECOVERY_TASK_QUEUE": f"gameday-test-{uuid.uuid4()}",
         "RECOVERY_LOCAL_TEMPORAL_PORT": str(free_port()),
         "RECOVERY_LOCAL_UI_PORT": str(free_port()),
-        # above the session clusters of both generations (base and base + 1000)
-        "RECOVERY_LOCAL_SLURM_PORT_BASE": str(int(os.environ.get("RECOVERY_TEST_SLURM_PORT_BASE") or 24800) + 2000),
+        # above every session cluster (a root's generation, on the Debian 12 host, is on base + 2000)
+        "RECOVERY_LOCAL_SLURM_PORT_BASE": str(suite_slurm_port_base() + PORTS_ABOVE_BASE),
     }
     try:
         run = recovery("drill", "--scenario", "all", "--json", env=env, timeout=1500)

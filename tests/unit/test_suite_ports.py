@@ -1,9 +1,11 @@
 """The suite's Slurm clusters listen below the kernel's ephemeral range (Linux's default starts at
-32768): a port in it may be held by any outgoing connection, and the daemon that wants it dies
-("Unable to bind socket: Address already in use"). CI once lost all of test_local_stack so: its
-base of 30800 put a root's slurmrestd on 32820."""
+32768), each on ports of its own: a port in that range may be held by any outgoing connection, and
+the daemon that wants it dies ("Unable to bind socket: Address already in use"). CI once lost all
+of test_local_stack so: its base of 30800 put a root's slurmrestd on 32820."""
 
 from __future__ import annotations
+
+from itertools import combinations
 
 import pytest
 
@@ -11,19 +13,25 @@ from tests import conftest
 from tests.integration import test_local_stack
 
 LINUX_EPHEMERAL_START = 32768
+SESSION_BASE = 24800  # RECOVERY_TEST_SLURM_PORT_BASE's default
+# Each fixed stack's first and last port (a cluster's slurmd ports start 100 above its base)
+STACKS = {
+    "session clusters": (SESSION_BASE, SESSION_BASE + conftest.PORTS_ABOVE_BASE),
+    "game days": (SESSION_BASE + conftest.PORTS_ABOVE_BASE, SESSION_BASE + conftest.PORTS_ABOVE_BASE + 200),
+    "test_local_stack": (test_local_stack.PORT_BASE, test_local_stack.PORT_BASE + test_local_stack.PORTS_ABOVE_BASE),
+}
 
 
-@pytest.mark.parametrize(
-    ("base", "above_base"),
-    [
-        (24800, conftest.PORTS_ABOVE_BASE),  # the session's clusters, by default
-        (test_local_stack.PORT_BASE, test_local_stack.PORTS_ABOVE_BASE),
-    ],
-    ids=["session clusters", "test_local_stack"],
-)
-def test_every_cluster_port_lies_below_the_ephemeral_range(base, above_base):
-    assert base + above_base < LINUX_EPHEMERAL_START
-    assert conftest.ports_below_the_ephemeral_range(base, above_base, "base") == base
+@pytest.mark.parametrize("name", STACKS)
+def test_every_cluster_port_lies_below_the_ephemeral_range(name):
+    first, last = STACKS[name]
+    assert last < LINUX_EPHEMERAL_START
+    assert conftest.ports_below_the_ephemeral_range(first, last - first, "base") == first
+
+
+def test_no_two_stacks_share_a_port():
+    for (a, (a_first, a_last)), (b, (b_first, b_last)) in combinations(STACKS.items(), 2):
+        assert a_last <= b_first or b_last <= a_first, (a, b)
 
 
 def test_a_base_whose_ports_reach_the_ephemeral_range_stops_the_suite_with_the_way_out():
