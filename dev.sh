@@ -5,7 +5,8 @@
 #   ./dev.sh drill [--xid 79] [--node NODE] [--corrupt-latest-checkpoint] [--json]
 #       a recovery drill on the embedded local stack (Temporal dev server, Slurm, worker)
 #   ./dev.sh test [pytest arguments]
-#       the test suite (starts and stops every service it needs)
+#       the test suite (starts and stops every service it needs; installs the frameworks whose
+#       checkpoints it reads: PyTorch's CPU build, Lightning, Transformers)
 #   ./dev.sh check
 #       the static checks, no service: ruff format --check, ruff check, mypy (workflows,
 #       activities, backends, contracts) and lint-imports (the import layers); each one runs, and
@@ -39,23 +40,33 @@ install_debian_packages() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# The project's extras a command needs: the drill's local stack, the tests and the static checks
+# always; the tests also the frameworks whose checkpoints they read (PyTorch, Lightning, Trainer).
+# What one command installed stays for the next; the stamp says which extras of which
+# pyproject.toml are installed.
+BASE_EXTRAS=drills,test,check
+
 install_python_env() {
-  local stamp=.venv/.installed-from
-  local want
-  want=$(sha256sum pyproject.toml | cut -d' ' -f1)
-  if [ -x .venv/bin/python ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+  local stamp=.venv/.installed-from sha installed_sha installed wanted missing=()
+  sha=$(sha256sum pyproject.toml | cut -d' ' -f1)
+  read -r installed_sha installed < "$stamp" 2>/dev/null || true
+  [ "${installed_sha:-}" = "$sha" ] || installed=""
+  wanted=$(tr ',' '\n' <<<"$BASE_EXTRAS,${1:-}" | sed '/^$/d' | sort -u | paste -sd, -)
+  for extra in ${wanted//,/ }; do [[ ",${installed:-}," == *",$extra,"* ]] || missing+=("$extra"); done
+  if [ -x .venv/bin/python ] && [ ${#missing[@]} -eq 0 ]; then
     return 0
   fi
-  say "creating .venv and installing the project"
+  [ -n "${installed:-}" ] && wanted=$(tr ',' '\n' <<<"$wanted,$installed" | sort -u | paste -sd, -)
+  say "installing the project into .venv with its extras $wanted"
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[drills,test,check]'
-  echo "$want" > "$stamp"
+  .venv/bin/python -m pip install -q -e ".[$wanted]"
+  echo "$sha $wanted" > "$stamp"
 }
 
 setup() {
   install_debian_packages "${DEB_PACKAGES[@]}"
-  install_python_env
+  install_python_env "${1:-}"
 }
 
 # Every check runs, so that one pass shows every finding; the status says whether any found one.
@@ -75,7 +86,7 @@ check() {
 
 case "${1:-}" in
   drill) shift; setup; exec .venv/bin/recovery drill "$@" ;;
-  test) shift; setup; exec .venv/bin/python -m pytest "$@" ;;
+  test) shift; setup frameworks; exec .venv/bin/python -m pytest "$@" ;;
   test-fast) shift; setup; exec .venv/bin/python -m pytest -n 2 tests/unit tests/replay "$@" ;;
   check) check ;;
   setup) setup ;;

@@ -62,7 +62,7 @@ class JobActivities:
         for job in await self._slurm.jobs_on_node(node, died_since=died_since):
             latest = progress = None
             if job.checkpoint_dir:
-                latest, _ = await self._checkpoints.latest_complete(job.checkpoint_dir)
+                latest, _ = await self._checkpoints.latest_complete(job.checkpoint_dir, fmt=job.checkpoint_format)
                 progress = await self._checkpoints.progress(job.checkpoint_dir)
             snapshots.append(
                 JobSnapshot(job=job, checkpoint_dir=job.checkpoint_dir, latest_complete=latest, progress=progress)
@@ -100,7 +100,7 @@ class JobActivities:
         """One look for a complete checkpoint newer than `after_step`. Not there yet: a benign
         failure, and the retry policy looks again after `poll_seconds`. Each look is short, so
         the workflow's grace timer stays the only deadline and a worker crash loses nothing."""
-        latest, _ = await self._checkpoints.latest_complete(req.checkpoint_dir)
+        latest, _ = await self._checkpoints.latest_complete(req.checkpoint_dir, fmt=req.checkpoint_format)
         if latest is not None and (req.after_step is None or latest.step > req.after_step):
             waited = utc_now() - activity.info().scheduled_time
             return CheckpointWaitResult(job_id=req.job_id, new_checkpoint=latest, waited_seconds=waited.total_seconds())
@@ -291,7 +291,9 @@ class JobActivities:
             r for r in await self._checkpoints.resume_records(job.checkpoint_dir) if r.restart_count == restart_count
         ]
         cutoff = restarted[-1].started_at if restarted else None
-        latest, _ = await self._checkpoints.latest_complete(job.checkpoint_dir, created_before=cutoff)
+        latest, _ = await self._checkpoints.latest_complete(
+            job.checkpoint_dir, created_before=cutoff, fmt=job.checkpoint_format
+        )
         return latest
 
     async def _wait_until_pending(self, job_id: int) -> SlurmJob:

@@ -333,9 +333,20 @@ class SlurmJob(Contract):
     @property
     def checkpoint_dir(self) -> str | None:
         """The job's checkpoint directory, declared in its comment as ``checkpoint_dir=PATH``."""
+        return self._comment_value("checkpoint_dir")
+
+    @property
+    def checkpoint_format(self) -> CheckpointFormat | None:
+        """How the job writes its checkpoints, declared in its comment as ``checkpoint_format=NAME``;
+        None (or a name not known) leaves the controller to detect it from the directory."""
+        value = self._comment_value("checkpoint_format")
+        known = {f.value for f in CheckpointFormat}
+        return CheckpointFormat(value) if value is not None and value in known else None
+
+    def _comment_value(self, wanted: str) -> str | None:
         for part in self.comment.split(";"):
             key, _, value = part.strip().partition("=")
-            if key == "checkpoint_dir" and value:
+            if key == wanted and value:
                 return value
         return None
 
@@ -346,11 +357,22 @@ SlurmPath = Literal["cli", "rest"]
 # --- checkpoints and progress (read from the job's checkpoint directory) ----------------------
 
 
+class CheckpointFormat(StrEnum):
+    """The checkpoint layouts the controller can read (backends/checkpoints/, one adapter each)."""
+
+    REFERENCE = "reference"  # trainer.checkpoint: step-NNNNNNNNN/ with manifest.json written last
+    DCP = "dcp"  # torch.distributed.checkpoint: a directory of shards, .metadata written last
+    HF_TRAINER = "hf_trainer"  # Hugging Face Trainer: checkpoint-<step>/ with trainer_state.json written last
+    LIGHTNING = "lightning"  # Lightning: *.ckpt files, each written whole and renamed into place
+    MEGATRON = "megatron"  # Megatron/NeMo: iter_NNNNNNN/ and latest_checkpointed_iteration.txt written last
+
+
 class CheckpointRef(Contract):
-    checkpoint_id: str
+    checkpoint_id: str = Field(description="the checkpoint's directory or file name in the job's checkpoint_dir")
     step: int
-    train_seconds: float
-    created_at: datetime
+    train_seconds: float | None = Field(None, description="training time at the checkpoint, where the format keeps it")
+    created_at: datetime = Field(description="when it was written: its manifest's time, or its last file's")
+    checkpoint_format: CheckpointFormat = CheckpointFormat.REFERENCE
 
 
 class SkippedCheckpoint(Contract):
@@ -414,6 +436,7 @@ class SignalRequest(Contract):
 class CheckpointWaitRequest(Contract):
     job_id: JobId
     checkpoint_dir: str
+    checkpoint_format: CheckpointFormat | None = None
     after_step: int | None
     poll_seconds: float
 

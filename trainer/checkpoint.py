@@ -151,6 +151,25 @@ def verify_checkpoint(path: Path) -> str | None:
     return None
 
 
+def checked_checkpoint(path: Path) -> Checkpoint | str:
+    """The complete checkpoint at ``path``, or why it is not complete."""
+    try:
+        return _checkpoint_from(path, _verified_manifest(path))
+    except _Incomplete as incomplete:
+        return str(incomplete)
+
+
+def name_step(name: str) -> tuple[int | None, bool] | None:
+    """A run directory entry's step (None when a temporary name has none) and whether it is being
+    written; None when the name is not a checkpoint's."""
+    if step_match := _STEP_DIR.fullmatch(name):
+        return int(step_match[1]), False
+    if name.startswith(TMP_PREFIX):
+        tmp_match = _TMP_STEP_DIR.match(name)
+        return (int(tmp_match[1]) if tmp_match else None), True
+    return None
+
+
 def list_checkpoints(run_dir: Path) -> list[CheckpointStatus]:
     """Every checkpoint and temporary checkpoint directory, ordered by step (unknown steps last)."""
     return [found.status for found in _scan(run_dir)]
@@ -286,13 +305,10 @@ def _scan(run_dir: Path) -> list[_Found]:
         return []
     found = []
     for child in children:
-        if step_match := _STEP_DIR.fullmatch(child.name):
-            step: int | None = int(step_match[1])
-        elif child.name.startswith(TMP_PREFIX):
-            tmp_match = _TMP_STEP_DIR.match(child.name)
-            step = int(tmp_match[1]) if tmp_match else None
-        else:
+        named = name_step(child.name)
+        if named is None:
             continue
+        step = named[0]
         try:
             if not child.is_dir():
                 continue

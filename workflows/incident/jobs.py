@@ -129,6 +129,7 @@ class JobWork:
                 CheckpointWaitRequest(
                     job_id=s.job.job_id,
                     checkpoint_dir=s.checkpoint_dir,
+                    checkpoint_format=s.job.checkpoint_format,
                     after_step=s.latest_complete.step if s.latest_complete else None,
                     poll_seconds=poll_seconds,
                 ),

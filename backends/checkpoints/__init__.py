@@ -1,0 +1,84 @@
+"""Read a job's checkpoints, progress and resume records from its checkpoint directory.
+
+Checkpoints come in the layouts the frameworks write (one adapter each: the reference trainer's,
+PyTorch DCP, Hugging Face Trainer, Lightning, Megatron); the job's comment names its format
+(`checkpoint_format=dcp`), else it is detected from the directory. Progress and resume records are
+the small JSON files of `trainer.checkpoint`, which any job can write without this project's code
+(docs/checkpoints.md). Blocking file I/O runs in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from pathlib import Path
+
+from backends.checkpoints.dcp import DcpCheckpoints
+from backends.checkpoints.formats import Adapter, Verdict, VerdictCache, newest_complete
+from backends.checkpoints.hf_trainer import HfTrainerCheckpoints
+from backends.checkpoints.lightning import LightningCheckpoints
+from backends.checkpoints.megatron import MegatronCheckpoints
+from backends.checkpoints.reference import ReferenceCheckpoints
+from contracts.models import CheckpointFormat, CheckpointRef, JobProgress, ResumeRecord, SkippedCheckpoint
+from trainer import checkpoint as ckpt
+
+# In the order detection tries them: a Megatron directory holds DCP shards, so Megatron goes first
+ADAPTERS: dict[CheckpointFormat, Adapter] = {
+    a.name: a
+    for a in (
+        ReferenceCheckpoints(),
+        MegatronCheckpoints(),
+        HfTrainerCheckpoints(),
+        LightningCheckpoints(),
+        DcpCheckpoints(),
+    )
+}
+
+
+def detect_format(run_dir: Path) -> CheckpointFormat:
+    """The format of the checkpoints in `run_dir`; the reference trainer's when none is recognised."""
+    return next((name for name, adapter in ADAPTERS.items() if adapter.detect(run_dir)), CheckpointFormat.REFERENCE)
+
+
+class CheckpointStore:
+    def __init__(self) -> None:
+        self._verdicts = VerdictCache()
+
+    @property
+    def verifications(self) -> int:
+        """How many checkpoints were verified (not answered from the cache) since the store began."""
+        return self._verdicts.verified
+
+    async def latest_complete(
+        self, run_dir: str, created_before: datetime | None = None, fmt: CheckpointFormat | None = None
+    ) -> tuple[CheckpointRef | None, list[SkippedCheckpoint]]:
+        return await asyncio.to_thread(self._latest_complete, Path(run_dir), created_before, fmt)
+
+    def _latest_complete(
+        self, run_dir: Path, created_before: datetime | None, fmt: CheckpointFormat | None
+    ) -> tuple[CheckpointRef | None, list[SkippedCheckpoint]]:
+        name = fmt or detect_format(run_dir)
+        found, skipped = newest_complete(ADAPTERS[name], run_dir, self._verdicts, created_before)
+        return (
+            _ref(found, name) if found else None,
+            [SkippedCheckpoint(checkpoint_id=s.candidate.checkpoint_id, why=s.why or "") for s in skipped],
+        )
+
+    async def progress(self, run_dir: str) -> JobProgress | None:
+        raw = await asyncio.to_thread(ckpt.read_progress, Path(run_dir))
+        return JobProgress.model_validate(raw) if raw else None
+
+    async def resume_records(self, run_dir: str) -> list[ResumeRecord]:
+        raws = await asyncio.to_thread(ckpt.read_resume_records, Path(run_dir))
+        return [ResumeRecord.model_validate(r) for r in raws]
+
+
+def _ref(verdict: Verdict, fmt: CheckpointFormat) -> CheckpointRef:
+    assert verdict.resolved_step is not None  # a complete verdict has its step
+    return CheckpointRef(
+        checkpoint_id=verdict.candidate.checkpoint_id,
+        step=verdict.resolved_step,
+        train_seconds=verdict.train_seconds,
+        created_at=verdict.resolved_written_at,
+        checkpoint_format=fmt,
+    )
