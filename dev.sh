@@ -2,8 +2,9 @@
 # The commands of this project, each doing all the set-up it needs on a fresh Debian 12/13
 # machine (as root: Slurm comes from Debian's packages):
 #
-#   ./dev.sh drill [--xid 79] [--node NODE] [--corrupt-latest-checkpoint] [--json]
-#       a recovery drill on the embedded local stack (Temporal dev server, Slurm, worker)
+#   ./dev.sh drill [--xid 79] [--node NODE] [--trainer torch] [--corrupt-latest-checkpoint] [--json]
+#       a recovery drill on the embedded local stack (Temporal dev server, Slurm, worker); with
+#       --trainer torch, of a real distributed PyTorch job (installs PyTorch's CPU build first)
 #   ./dev.sh test [pytest arguments]
 #       the test suite (starts and stops every service it needs; installs the frameworks whose
 #       checkpoints it reads: PyTorch's CPU build, Lightning, Transformers)
@@ -41,7 +42,8 @@ install_debian_packages() {
 }
 
 # The project's extras a command needs: the drill's local stack, the tests and the static checks
-# always; the tests also the frameworks whose checkpoints they read (PyTorch, Lightning, Trainer).
+# always; the tests also the frameworks whose checkpoints they read (PyTorch, Lightning, Trainer),
+# and a drill of the PyTorch job PyTorch.
 # What one command installed stays for the next; the stamp says which extras of which
 # pyproject.toml are installed.
 BASE_EXTRAS=drills,test,check
@@ -69,6 +71,16 @@ setup() {
   install_python_env "${1:-}"
 }
 
+# PyTorch for a drill of the PyTorch job only (--trainer torch)
+drill_extras() {
+  local previous=""
+  for arg in "$@"; do
+    [[ $arg == --trainer=torch || ( $previous == --trainer && $arg == torch ) ]] && echo torch
+    previous=$arg
+  done
+  return 0
+}
+
 # Every check runs, so that one pass shows every finding; the status says whether any found one.
 check() {
   install_debian_packages python3-venv
@@ -85,7 +97,7 @@ check() {
 }
 
 case "${1:-}" in
-  drill) shift; setup; exec .venv/bin/recovery drill "$@" ;;
+  drill) shift; setup "$(drill_extras "$@")"; exec .venv/bin/recovery drill "$@" ;;
   test) shift; setup frameworks; exec .venv/bin/python -m pytest "$@" ;;
   test-fast) shift; setup; exec .venv/bin/python -m pytest -n 2 tests/unit tests/replay "$@" ;;
   check) check ;;

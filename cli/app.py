@@ -1,6 +1,7 @@
 """`recovery`: the operator's command line.
 
-  recovery drill [--xid 79] [--node NODE] [--corrupt-latest-checkpoint] [--dry-run] [--k8s] [--json]
+  recovery drill [--xid 79] [--node NODE] [--trainer reference|torch] [--corrupt-latest-checkpoint] [--dry-run]
+                 [--k8s] [--json]
                  [--k8s-scaling-mode StatefulSet|DaemonSet] [--slurm-version V] [--save-history DIR]
   recovery drill --scenario NAME|all [--json] [--save-history DIR]      game day: SLOs scored
   recovery inject --node NODE --xid N [--actor WHO] [--reason WHY]
@@ -85,6 +86,11 @@ class SlurmVersion(str, Enum):
     v26_05 = "26.05"
 
 
+class TrainerChoice(str, Enum):
+    reference = "reference"
+    torch = "torch"
+
+
 class ScalingModeChoice(str, Enum):
     stateful_set = "StatefulSet"
     daemon_set = "DaemonSet"
@@ -129,9 +135,16 @@ JSON_OPTION = typer.Option(False, "--json", help="print the result as JSON")
 @app.command(help="run a recovery drill on the embedded local stack")
 def drill(
     xid: int = typer.Option(79, help="the XID to inject (a degrading one such as 94 exercises the grace period)"),
-    node: str | None = typer.Option(None, help="node to fail (default: one of the reference job's nodes)"),
+    node: str | None = typer.Option(None, help="node to fail (default: one of the training job's nodes)"),
+    trainer: TrainerChoice = typer.Option(
+        TrainerChoice.reference,
+        help="the training job: the reference trainer, or torch: a real distributed PyTorch job (gloo, DDP) "
+        "with DCP checkpoints, on the host's Slurm generation (PyTorch installed: ./dev.sh drill --trainer torch)",
+    ),
     corrupt_latest_checkpoint: bool = typer.Option(
-        False, "--corrupt-latest-checkpoint", help="make the newest checkpoint incomplete before the failure"
+        False,
+        "--corrupt-latest-checkpoint",
+        help="make the newest checkpoint incomplete before the failure (torch: a save cut off before .metadata)",
     ),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="observe mode: the report lists the intended actions; nothing is changed"
@@ -170,23 +183,52 @@ def drill(
             names = scenario_names(scenario)
         except KeyError as e:
             raise BadInput(e.args[0]) from None
-        if xid != 79 or node or corrupt_latest_checkpoint or dry_run or k8s or k8s_scaling_mode:
+        if (
+            xid != 79
+            or node
+            or corrupt_latest_checkpoint
+            or dry_run
+            or k8s
+            or k8s_scaling_mode
+            or trainer.value != "reference"
+        ):
             raise BadInput(
-                "a scenario injects its own failure: --xid, --node, --corrupt-latest-checkpoint, "
+                "a scenario injects its own failure: --xid, --node, --trainer, --corrupt-latest-checkpoint, "
                 "--dry-run, --k8s and --k8s-scaling-mode do not apply to --scenario"
             )
         _run(_gameday(names, scenario == "all", as_json, version, save_history))
     if k8s_scaling_mode is not None and not k8s:
         raise BadInput("--k8s-scaling-mode applies to a drill on Slurm on Kubernetes: add --k8s")
+    if trainer is TrainerChoice.torch:
+        _check_torch_drill(version)
     opts = DrillOptions(
         xid=xid,
         node=node,
+        trainer=trainer.value,
         corrupt_latest_checkpoint=corrupt_latest_checkpoint,
         dry_run=dry_run,
         k8s=k8s,
         **({"k8s_scaling_mode": k8s_scaling_mode.value} if k8s_scaling_mode else {}),
     )
     _run(_drill(opts, as_json, version, save_history))
+
+
+def _check_torch_drill(slurm_version: str | None) -> None:
+    """The PyTorch job runs with the worker's own python, which must have PyTorch: on the host's
+    Slurm generation only (a Debian root's python has none)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise BadInput(
+            "--trainer torch runs a real PyTorch job: install PyTorch (pip install -e '.[torch]'; "
+            "./dev.sh drill --trainer torch does)"
+        )
+    stack = _drill_stack(slurm_version)[1]
+    if stack.slurm_root is not None:
+        raise BadInput(
+            f"--trainer torch runs on the host's Slurm generation only: the Debian root of {stack.slurm_generation} "
+            "has no PyTorch (leave out --slurm-version)"
+        )
 
 
 def _drill_stack(slurm_version: str | None) -> tuple[Settings, LocalStack]:
@@ -223,6 +265,7 @@ async def _drill(opts: DrillOptions, as_json: bool, slurm_version: str | None, s
             label = "-".join(
                 [
                     f"drill-xid{opts.xid}",
+                    *(["torch"] if opts.trainer == "torch" else []),
                     *(["dry-run"] if opts.dry_run else []),
                     *(["k8s"] if opts.k8s else []),
                     *(["corrupt"] if opts.corrupt_latest_checkpoint else []),

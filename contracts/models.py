@@ -820,6 +820,11 @@ class JobReport(Contract):
     last_step_before_failure: int | None = None
     lost_steps: int | None = None
     lost_seconds: float | None = None
+    lost_seconds_basis: str | None = Field(
+        None,
+        description="how lost_seconds was found: the job's own record of its training time at the checkpoint "
+        "and at the failure, or the lost steps times the job's mean step time (its progress record)",
+    )
     skipped_checkpoints: list[SkippedCheckpoint] = Field(default_factory=list)
     time_to_resume_seconds: float | None = None
     failed_together: list[PeerIncident] = Field(

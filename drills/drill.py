@@ -26,16 +26,19 @@ from pathlib import Path
 from typing import Literal
 
 from kubernetes import client as kube, config as kube_config
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.xid_policy import XidPolicyTable
+from backends.checkpoints import ADAPTERS, dcp
+from backends.checkpoints.formats import step_in_name
 from backends.replacement import SPARE_STANDBY_REASON
 from backends.slurm import SlurmCli, SlurmCommandError, SlurmError, SlurmRest, TokenFile
 from contracts.k8s_settings import KubernetesSettings
 from contracts.kubernetes import ScalingMode
 from contracts.models import (
+    CheckpointFormat,
     FaultClass,
     IncidentReport,
     NodeFailureAlert,
@@ -54,14 +57,26 @@ from worker import activities_for, build_slurm, serving
 from workflows.node_recovery import NodeRecoveryWorkflow
 
 DRILL_JOB_NAME = "recovery-drill"
-CheckpointCorruption = Literal["truncated", "checksum", "no_manifest", "missing_file", "being_written", "all"]
+# How the newest checkpoint is made incomplete: the reference trainer's (a payload file truncated or
+# changed, no manifest, a listed file missing, a newer one caught mid-write, every one truncated),
+# or a DCP checkpoint's (a save cut off before .metadata, a shard truncated after it)
+CheckpointCorruption = Literal[
+    "truncated", "checksum", "no_manifest", "missing_file", "being_written", "all", "no_metadata", "truncated_shard"
+]
+DCP_CORRUPTIONS = ("no_metadata", "truncated_shard")
+Trainer = Literal["reference", "torch"]
+# The job each trainer runs (trainer/), and the checkpoint format it writes
+TRAINER_MODULES = {"reference": "trainer.job", "torch": "trainer.torch_job"}
+TRAINER_FORMATS = {"reference": CheckpointFormat.REFERENCE, "torch": CheckpointFormat.DCP}
 
 
 class DrillOptions(BaseModel):
     xid: int = 79
     node: str | None = None
+    # the reference trainer, or a real distributed PyTorch job with DCP checkpoints (PyTorch installed)
+    trainer: Trainer = "reference"
     corrupt_latest_checkpoint: bool = False
-    corruption: CheckpointCorruption = "truncated"  # how (corrupt_latest_checkpoint below)
+    corruption: CheckpointCorruption | None = None  # how: "truncated", or "no_metadata" for the torch trainer
     dry_run: bool = False  # observe mode: the incident describes what it would do and does nothing
     k8s: bool = False  # Slurm on Kubernetes: a simulated Slinky cluster, and the incident's Kubernetes steps
     # how its NodeSet scales: StatefulSet (Slinky's default) recreates the lost slurmd pod, Slurm node
@@ -82,6 +97,14 @@ class DrillOptions(BaseModel):
         description="the lost GPU's rank crashes (as a CUDA error ends it) in a job run with srun "
         "--kill-on-bad-exit=1, as torchrun jobs often are: the job ends FAILED before the alert is sent",
     )
+
+    @model_validator(mode="after")
+    def _corruption_fits_the_trainer(self) -> DrillOptions:
+        if self.corruption is None:
+            self.corruption = "no_metadata" if self.trainer == "torch" else "truncated"
+        elif (self.corruption in DCP_CORRUPTIONS) != (self.trainer == "torch"):
+            raise ValueError(f"corruption {self.corruption} does not apply to the {self.trainer} trainer's checkpoints")
+        return self
 
 
 class DrillCheck(BaseModel):
@@ -192,6 +215,7 @@ class Drill:
             await wait_async(lambda: self._stalled(run_dir), 30, "the job to stall on the lost GPU")
             self._log("training stalled on the lost GPU")
         if opts.corrupt_latest_checkpoint:
+            assert opts.corruption is not None  # set by DrillOptions
             corrupted = corrupt_latest_checkpoint(run_dir, opts.corruption)
             self._log(f"made the newest checkpoint {corrupted} incomplete")
 
@@ -261,11 +285,11 @@ class Drill:
         """A clean cluster and the reference job training across its nodes, with its first checkpoints."""
         await self.reset_cluster()
         run_dir = self.stack.drills_dir / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
-        job_id = await self.submit_reference_job(run_dir, opts)
-        self._log(f"reference job {job_id} submitted across {opts.job_nodes} nodes; checkpoints in {run_dir}")
+        job_id = await self.submit_training_job(run_dir, opts)
+        self._log(f"{opts.trainer} job {job_id} submitted across {opts.job_nodes} nodes; checkpoints in {run_dir}")
         job = await wait_async(lambda: self._running(job_id), 60, f"job {job_id} to run")
         await wait_async(
-            lambda: self._complete_checkpoints(run_dir, opts.checkpoints_before_failure),
+            lambda: self._complete_checkpoints(run_dir, opts.checkpoints_before_failure, opts.trainer),
             120,
             f"{opts.checkpoints_before_failure} complete checkpoints",
         )
@@ -299,7 +323,7 @@ class Drill:
 
         await wait_async(compute_nodes_idle, 60, "every compute node to be idle")
 
-    async def submit_reference_job(self, run_dir: Path, opts: DrillOptions) -> int:
+    async def submit_training_job(self, run_dir: Path, opts: DrillOptions) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.stack.fault_dir.mkdir(parents=True, exist_ok=True)
         out = await self.slurm.run(
@@ -309,11 +333,12 @@ class Drill:
             f"--nodes={opts.job_nodes}",
             "--ntasks-per-node=1",
             "--requeue=expedite" if opts.expedited_requeue else "--requeue",
-            f"--comment=checkpoint_dir={run_dir}",
+            f"--comment=checkpoint_dir={run_dir};checkpoint_format={TRAINER_FORMATS[opts.trainer].value}",
             f"--chdir={run_dir}",
             *([f"--nodelist={','.join(opts.pinned_to)}"] if opts.pinned_to else []),
             f"--output={run_dir}/slurm-%j.out",
-            f"--export=ALL,PYTHONPATH={self.stack.trainer_pythonpath},TRAINER_PYTHON={self.stack.trainer_python}"
+            f"--export=ALL,PYTHONPATH={self.stack.trainer_pythonpath},TRAINER_PYTHON={self.stack.trainer_python},"
+            f"TRAINER_MODULE={TRAINER_MODULES[opts.trainer]}"
             + (",TRAINER_KILL_ON_BAD_EXIT=1" if opts.rank_crashes else ""),
             str(self.stack.trainer_script),
             "--run-dir",
@@ -339,9 +364,13 @@ class Drill:
     async def _failed(self, job_id: int):
         return (await self.slurm.get_job(job_id)).state == "FAILED"
 
-    async def _complete_checkpoints(self, run_dir: Path, count: int) -> bool:
-        statuses = await asyncio.to_thread(ckpt.list_checkpoints, run_dir)
-        return sum(s.complete for s in statuses) >= count
+    async def _complete_checkpoints(self, run_dir: Path, count: int, trainer: Trainer = "reference") -> bool:
+        adapter = ADAPTERS[TRAINER_FORMATS[trainer]]
+
+        def complete() -> int:
+            return sum(adapter.verify(c).complete for c in adapter.candidates(run_dir) if not c.being_written)
+
+        return await asyncio.to_thread(complete) >= count
 
     async def _stalled(self, run_dir: Path) -> bool:
         progress = await asyncio.to_thread(ckpt.read_progress, run_dir)
@@ -703,7 +732,11 @@ def corrupt_latest_checkpoint(run_dir: Path, kind: CheckpointCorruption = "trunc
     """Make the newest complete checkpoint incomplete as `kind` says: a payload file truncated, a
     byte of it changed, no manifest, the manifest naming a missing file; or leave it and add a newer
     one caught mid-write ("being_written": a temporary directory with data, no manifest yet); or
-    break every complete one ("all", truncated). Returns the newest incomplete checkpoint's id."""
+    break every complete one ("all", truncated). For a DCP checkpoint: as a crash mid-save leaves it
+    (shards written, no .metadata), or a shard truncated after .metadata. Returns the newest
+    incomplete checkpoint's id."""
+    if kind in DCP_CORRUPTIONS:
+        return _corrupt_latest_dcp_checkpoint(run_dir, kind)
     latest, _ = ckpt.find_latest_complete(run_dir)
     if latest is None:
         raise StackError(f"no complete checkpoint to corrupt in {run_dir}")
@@ -726,6 +759,20 @@ def corrupt_latest_checkpoint(run_dir: Path, kind: CheckpointCorruption = "trunc
     return latest.checkpoint_id
 
 
+def _corrupt_latest_dcp_checkpoint(run_dir: Path, kind: CheckpointCorruption) -> str:
+    adapter = ADAPTERS[CheckpointFormat.DCP]
+    complete = [c for c in adapter.candidates(run_dir) if adapter.verify(c).complete]
+    if not complete:
+        raise StackError(f"no complete DCP checkpoint to corrupt in {run_dir}")
+    latest = max(complete, key=lambda c: c.step or 0).path
+    if kind == "no_metadata":
+        (latest / dcp.METADATA).unlink()
+    else:
+        shard = max(latest.glob(f"*{dcp.SHARD_SUFFIX}"), key=lambda p: p.stat().st_size)
+        _write_durably(shard, shard.read_bytes()[: shard.stat().st_size // 2])
+    return latest.name
+
+
 def _a_payload_file(checkpoint: Path) -> Path:
     return next(p for p in sorted(checkpoint.iterdir()) if p.name != ckpt.MANIFEST_NAME)
 
@@ -737,5 +784,7 @@ def _write_durably(path: Path, data: bytes) -> None:
 
 
 def _step_of(checkpoint_id: str) -> int:
-    """The step in a checkpoint's or a temporary checkpoint directory's name."""
-    return int(checkpoint_id.removeprefix(ckpt.TMP_PREFIX).removeprefix("step-").split("-")[0])
+    """The step in a checkpoint's name: the reference trainer's (step-…, .tmp-step-…-…) or DCP's (step_N)."""
+    named = ckpt.name_step(checkpoint_id)
+    step = named[0] if named else step_in_name(checkpoint_id)
+    return step if step is not None else 0

@@ -15,7 +15,7 @@ import pytest_asyncio
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from drills.localstack import DEBIAN_RELEASE_OF_GENERATION, LocalStack
+from drills.localstack import DEBIAN_RELEASE_OF_GENERATION, LocalStack, host_slurm_generation
 from tests.kubeapi.fixtures import (  # noqa: F401
     kube_api,
     kube_client,
@@ -122,16 +122,19 @@ def pytest_collection_modifyitems(config, items):
     REST contract, the local stack, the XID 79 drill (and its REST-only worker), the incomplete
     checkpoint, the worker's crash, and the CLI cut off from slurmctld. The rest, whose subject is
     the controller's decisions, run on the newest only. RECOVERY_TEST_GENERATIONS=all runs every
-    test on every generation (longer than CI allows on the 2-core machine)."""
-    if os.environ.get("RECOVERY_TEST_GENERATIONS") == "all":
-        return
+    test on every generation (longer than CI allows on the 2-core machine). Tests marked
+    host_slurm_generation (the PyTorch job's: a Debian root's python has no PyTorch) run on the
+    host's generation only."""
+    every = os.environ.get("RECOVERY_TEST_GENERATIONS") == "all"
+    host = host_slurm_generation()
     kept, older = [], []
     for item in items:
         generation = getattr(item, "callspec", None) and item.callspec.params.get("local_stack")
-        if generation in (None, NEWEST_GENERATION) or item.get_closest_marker("every_slurm_generation"):
-            kept.append(item)
+        if item.get_closest_marker("host_slurm_generation"):
+            keep = generation in (None, host)
         else:
-            older.append(item)
+            keep = every or generation in (None, NEWEST_GENERATION) or item.get_closest_marker("every_slurm_generation")
+        (kept if keep else older).append(item)
     if older:
         config.hook.pytest_deselected(items=older)
         items[:] = kept

@@ -56,8 +56,14 @@ def job_report(snapshot: JobSnapshot, verification: JobVerification | None, fail
     report.last_step_before_failure = last_step
     if last_step is not None:
         report.lost_steps = max(0, last_step - (resume.resumed_step or 0))
+    progress = snapshot.progress
     if resume.previous_train_seconds is not None:
         report.lost_seconds = round(max(0.0, resume.previous_train_seconds - resume.resumed_train_seconds), 3)
+        report.lost_seconds_basis = "training time recorded by the job"
+    elif report.lost_steps is not None and progress is not None and progress.step > 0:
+        # a job that records no training time at its checkpoints (a DCP job's resume record)
+        report.lost_seconds = round(report.lost_steps * progress.train_seconds / progress.step, 3)
+        report.lost_seconds_basis = "lost steps x the job's mean step time"
     return report
 
 

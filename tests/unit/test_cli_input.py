@@ -4,6 +4,7 @@ before any connection (a connection attempt would exit 3)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.app import BadInput, incident_query, parse_incident_ref
+from cli.app import BadInput, _check_torch_drill, incident_query, parse_incident_ref
+from drills.localstack import DEBIAN_RELEASE_OF_GENERATION, host_slurm_generation
 
 RECOVERY = str(Path(sys.executable).parent / "recovery")
 NO_SERVER = {"TEMPORAL_ADDRESS": "127.0.0.1:9"}
@@ -43,6 +45,8 @@ def recovery(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
         (["drill", "--slurm-version", "23.02"], "'23.02' is not one of"),
         (["drill", "--k8s-scaling-mode", "DaemonSet"], "--k8s-scaling-mode applies to a drill on Slurm on Kubernetes"),
         (["drill", "--k8s", "--k8s-scaling-mode", "ReplicaSet"], "'ReplicaSet' is not one"),
+        (["drill", "--trainer", "pytorch"], "'pytorch' is not one of"),
+        (["drill", "--scenario", "all", "--trainer", "torch"], "--trainer, --corrupt-latest-checkpoint"),
     ],
 )
 def test_bad_input_is_refused_with_exit_2_before_any_connection(args, problem):
@@ -90,3 +94,17 @@ def test_list_filters_become_one_visibility_query():
     assert incident_query(None, None, None, "failed in drain", running=True) == (
         "WorkflowType = 'NodeRecoveryWorkflow' AND RecoveryOutcome = 'failed in drain' AND ExecutionStatus = 'Running'"
     )
+
+
+def test_a_torch_drill_on_a_debian_roots_generation_is_refused():
+    """The PyTorch job runs with the worker's python: a Debian root's has no PyTorch."""
+    root_generation = next(g for g in DEBIAN_RELEASE_OF_GENERATION if g != host_slurm_generation())
+    result = recovery("drill", "--trainer", "torch", "--slurm-version", root_generation)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"the Debian root of {root_generation} has no PyTorch" in " ".join(result.stderr.split())
+
+
+def test_a_torch_drill_without_pytorch_installed_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else object())
+    with pytest.raises(BadInput, match=r"install PyTorch \(pip install -e '.\[torch\]'"):
+        _check_torch_drill(None)
