@@ -379,17 +379,19 @@ class JobActivities:
         return result, hopeless
 
     async def _check_resume(self, req: VerifyRequest, run_dir: str, result: JobVerification) -> bool:
-        """Adds what is not yet right about the resume; True when it resumed from the wrong checkpoint."""
+        """Adds what is not yet right about the resume; True when it resumed from the wrong checkpoint.
+        The job's resume record says which checkpoint it loaded; a job that keeps none is judged by
+        the first checkpoint it wrote after the restart (result.evidence and confidence say which)."""
+        fmt = req.snapshot.job.checkpoint_format
+        expected = result.expected_checkpoint = req.requeue.latest_complete_at_stop
         records = [
             r for r in await self._checkpoints.resume_records(run_dir) if r.restart_count == req.expected_restart_count
         ]
         if not records:
-            result.why_not.append(f"no resume record for restart {req.expected_restart_count} yet")
-            return False
+            return await self._infer_resume(req, run_dir, result)
         resume = result.resume = records[-1]
         result.resumed_at = resume.started_at
         # What the job should have loaded: the newest checkpoint complete when it stopped.
-        expected = result.expected_checkpoint = req.requeue.latest_complete_at_stop
         expected_id = expected.checkpoint_id if expected else None
         wrong_checkpoint = resume.checkpoint_id != expected_id
         if wrong_checkpoint:
@@ -397,13 +399,54 @@ class JobActivities:
                 f"job resumed from {resume.checkpoint_id or 'scratch'}, "
                 f"but the latest complete checkpoint was {expected_id or 'none'}"
             )
-        progress = await self._checkpoints.progress(run_dir)
+        result.evidence = [f"resume record: {resume.checkpoint_id or 'from scratch'}"]
+        result.confidence = "confirmed"
         resumed_step = resume.resumed_step or 0
-        if progress is None or progress.restart_count != req.expected_restart_count or progress.step <= resumed_step:
-            result.why_not.append(f"no training progress past step {resumed_step} yet")
-        else:
+        progress = await self._checkpoints.progress(run_dir)
+        if (
+            progress is not None
+            and progress.restart_count == req.expected_restart_count
+            and progress.step > resumed_step
+        ):
             result.progress_step_after = progress.step
+            result.evidence.append(f"progress record: step {progress.step}")
+        elif newer := [
+            c for c in await self._checkpoints.written_after(run_dir, resume.started_at, fmt) if c.step > resumed_step
+        ]:
+            result.progress_step_after = newer[0].step
+            result.evidence.append(f"checkpoint written after the restart: {newer[0].checkpoint_id}")
+        else:
+            result.why_not.append(f"no training progress past step {resumed_step} yet")
         return wrong_checkpoint
+
+    async def _infer_resume(self, req: VerifyRequest, run_dir: str, result: JobVerification) -> bool:
+        """No resume record: the first checkpoint the job wrote after it stopped shows where it went
+        on from. Past the expected one's step: it resumed from it (the newest when it stopped); at or
+        below it: from an older one or from scratch."""
+        expected = result.expected_checkpoint
+        stopped = max((a.at for a in req.requeue.actions), default=None) or (expected.created_at if expected else None)
+        written = (
+            await self._checkpoints.written_after(run_dir, stopped, req.snapshot.job.checkpoint_format)
+            if stopped
+            else []
+        )
+        if not written:
+            result.why_not.append(
+                f"no resume record for restart {req.expected_restart_count}, and no checkpoint written since the "
+                "restart yet"
+            )
+            return False
+        first = min(written, key=lambda c: c.created_at)
+        result.progress_step_after = max(c.step for c in written)
+        result.evidence = [f"first checkpoint written after the restart: {first.checkpoint_id} (no resume record)"]
+        result.confidence = "inferred"
+        if expected is not None and first.step <= expected.step:
+            result.why_not.append(
+                f"the job's first checkpoint after the restart is {first.checkpoint_id} (step {first.step}), not past "
+                f"{expected.checkpoint_id}: it went on from an older checkpoint or from scratch"
+            )
+            return True
+        return False
 
 
 def _verified_at(result: JobVerification, seen_now: bool) -> datetime:

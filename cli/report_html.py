@@ -366,6 +366,7 @@ def _jobs_table(r: IncidentReport) -> str:
             _seconds(j.lost_seconds),
             "; ".join(f"{s.checkpoint_id} ({s.why})" for s in j.skipped_checkpoints) or "-",
             "verified" if j.verified else "NOT verified: " + "; ".join(j.why_not),
+            f"{j.confidence}: " + "; ".join(j.evidence) if j.confidence else "-",
         )
         for j in r.jobs
     ]
@@ -382,6 +383,7 @@ def _jobs_table(r: IncidentReport) -> str:
             "lost training",
             "skipped checkpoints",
             "verification",
+            "evidence",
         ),
         rows,
     )

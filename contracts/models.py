@@ -703,6 +703,9 @@ class SpareResult(Contract):
     detail: str = ""
 
 
+ResumeConfidence = Literal["confirmed", "inferred"]
+
+
 class JobVerification(Contract):
     job_id: JobId
     verified: bool
@@ -715,6 +718,16 @@ class JobVerification(Contract):
     resume: ResumeRecord | None = None
     resumed_at: datetime | None = None
     progress_step_after: int | None = None
+    evidence: list[str] = Field(
+        default_factory=list,
+        description="what the verification of the resume rests on: the job's resume record, its progress "
+        "record, checkpoints it wrote after the restart",
+    )
+    confidence: ResumeConfidence | None = Field(
+        None,
+        description="confirmed: the job's own resume record names the checkpoint it loaded; inferred: it keeps "
+        "none, and the first checkpoint it wrote after the restart shows where it went on from",
+    )
     verified_at: datetime | None = Field(
         None,
         description="when the job was back as it should be: the poll that saw it, or, when the first look "
@@ -815,6 +828,8 @@ class JobReport(Contract):
     nodes_after: list[str]
     verified: bool
     why_not: list[str] = Field(default_factory=list)
+    evidence: list[str] = Field(default_factory=list, description="what the verification rests on")
+    confidence: ResumeConfidence | None = Field(None, description="confirmed by the job's resume record, or inferred")
     resumed_step: int | None = None
     latest_complete_step: int | None = None
     last_step_before_failure: int | None = None

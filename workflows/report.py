@@ -41,6 +41,7 @@ def job_report(snapshot: JobSnapshot, verification: JobVerification | None, fail
     report.nodes_after = verification.nodes_after
     report.verified = verification.verified
     report.why_not = verification.why_not
+    report.evidence, report.confidence = verification.evidence, verification.confidence
     if verification.expected_checkpoint is not None:
         report.latest_complete_step = verification.expected_checkpoint.step
     resume = verification.resume

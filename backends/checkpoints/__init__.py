@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from backends.checkpoints.dcp import DcpCheckpoints
-from backends.checkpoints.formats import Adapter, Verdict, VerdictCache, newest_complete
+from backends.checkpoints.formats import Adapter, Verdict, VerdictCache, complete_written_after, newest_complete
 from backends.checkpoints.hf_trainer import HfTrainerCheckpoints
 from backends.checkpoints.lightning import LightningCheckpoints
 from backends.checkpoints.megatron import MegatronCheckpoints
@@ -63,6 +63,17 @@ class CheckpointStore:
             _ref(found, name) if found else None,
             [SkippedCheckpoint(checkpoint_id=s.candidate.checkpoint_id, why=s.why or "") for s in skipped],
         )
+
+    async def written_after(
+        self, run_dir: str, after: datetime, fmt: CheckpointFormat | None = None
+    ) -> list[CheckpointRef]:
+        """The complete checkpoints written after `after`, newest first: what a restarted job wrote."""
+
+        def written() -> list[CheckpointRef]:
+            name = fmt or detect_format(Path(run_dir))
+            return [_ref(v, name) for v in complete_written_after(ADAPTERS[name], Path(run_dir), self._verdicts, after)]
+
+        return await asyncio.to_thread(written)
 
     async def progress(self, run_dir: str) -> JobProgress | None:
         raw = await asyncio.to_thread(ckpt.read_progress, Path(run_dir))

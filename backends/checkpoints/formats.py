@@ -125,6 +125,13 @@ def newest_complete(
     return None, skipped
 
 
+def complete_written_after(adapter: Adapter, run_dir: Path, cache: VerdictCache, after: datetime) -> list[Verdict]:
+    """The complete checkpoints written after `after` (a restart), newest first."""
+    listed = [c for c in adapter.candidates(run_dir) if not c.being_written and c.written_at > after]
+    verdicts = [cache.verdict(adapter, c) for c in _newest_first(listed)]
+    return [v for v in verdicts if v.complete and v.resolved_written_at > after]
+
+
 def _newest_first(candidates: Iterable[Candidate]) -> list[Candidate]:
     return sorted(candidates, key=lambda c: (c.step is not None, c.step or 0, c.written_at), reverse=True)
 

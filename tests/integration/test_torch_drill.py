@@ -40,6 +40,7 @@ async def test_a_pytorch_job_resumes_on_every_rank_from_its_latest_complete_dcp_
     latest = f"step_{job.latest_complete_step}"
     assert job.resumed_step == job.latest_complete_step and (run_dir / latest / ".metadata").exists()
     assert resume_record(run_dir, 1)["checkpoint_id"] == latest
+    assert job.confidence == "confirmed" and job.evidence[0] == f"resume record: {latest}", job.evidence
     assert resumes_of_restart(run_dir, 1) == [f"resumed from {latest}"] * 2  # both ranks, the same one
     assert job.lost_steps is not None and job.lost_steps >= 0 and job.lost_seconds is not None
 

@@ -194,3 +194,18 @@ async def test_the_report_renders_in_a_browser_with_every_element_visible(tmp_pa
     assert timeline["y"] + timeline["height"] <= progress["y"]  # two pictures, one below the other
     assert boxes["skipped"][0]["x"] > boxes["resumed"][0]["x"]  # the skipped checkpoint is the newer one
     assert shot.stat().st_size > 10_000
+
+
+def test_a_job_says_what_its_verification_rests_on_and_how_sure_it_is():
+    job = (
+        recovered_report()
+        .jobs[0]
+        .model_copy(
+            update={
+                "evidence": ["first checkpoint written after the restart: step_40 (no resume record)"],
+                "confidence": "inferred",
+            }
+        )
+    )
+    page = render_report_html(recovered_report(jobs=[job]))
+    assert "inferred: first checkpoint written after the restart: step_40 (no resume record)" in page
