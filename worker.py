@@ -212,7 +212,7 @@ def activities_for(
     """Every activity this worker runs. The platform seam is bound here: Slurm on Kubernetes when
     `kubernetes` configures it (`resources` then closes its API client when the worker stops),
     bare Slurm otherwise."""
-    checkpoints = CheckpointStore()
+    checkpoints = CheckpointStore(default_format=settings.checkpoint_format)
     classify = ClassifyActivities(XidPolicyTable(settings.xid_policy_file), temporal)
     health = HealthCheck(settings.health_check_argv())
     fencing = FencingActivities(slurm, health)

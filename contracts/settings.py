@@ -37,7 +37,7 @@ from pydantic_settings import (
 )
 
 from contracts.budget import BudgetPolicy, WebhookTarget, partition_fractions_from
-from contracts.models import ApprovalGate, PinnedJobs, RecoveryPolicy, _check_node_name
+from contracts.models import ApprovalGate, CheckpointFormat, PinnedJobs, RecoveryPolicy, _check_node_name
 from contracts.operators import parse_operator_keys
 from contracts.redaction import fingerprinted_url
 
@@ -119,6 +119,11 @@ class Settings(BaseSettings):
     )
 
     xid_policy_file: Path = DEFAULT_XID_POLICY
+    checkpoint_format: CheckpointFormat | None = Field(
+        None,
+        description="how jobs write checkpoints where their comment does not say (checkpoint_format=): reference, "
+        "dcp, hf_trainer, lightning or megatron; unset: detected from each job's checkpoint directory",
+    )
     owner: str = "recovery"
     spare_nodes: str = Field("", description="comma-separated hot spares, drained until needed")
     health_check: str = Field("", description="command run with the node name as {node}; exit 0 = healthy")

@@ -41,8 +41,13 @@ def detect_format(run_dir: Path) -> CheckpointFormat:
 
 
 class CheckpointStore:
-    def __init__(self) -> None:
+    def __init__(self, default_format: CheckpointFormat | None = None) -> None:
+        """`default_format`: the format of a job whose comment names none (else it is detected)."""
         self._verdicts = VerdictCache()
+        self._default_format = default_format
+
+    def format_of(self, run_dir: Path, fmt: CheckpointFormat | None) -> CheckpointFormat:
+        return fmt or self._default_format or detect_format(run_dir)
 
     @property
     def verifications(self) -> int:
@@ -57,7 +62,7 @@ class CheckpointStore:
     def _latest_complete(
         self, run_dir: Path, created_before: datetime | None, fmt: CheckpointFormat | None
     ) -> tuple[CheckpointRef | None, list[SkippedCheckpoint]]:
-        name = fmt or detect_format(run_dir)
+        name = self.format_of(run_dir, fmt)
         found, skipped = newest_complete(ADAPTERS[name], run_dir, self._verdicts, created_before)
         return (
             _ref(found, name) if found else None,
@@ -70,7 +75,7 @@ class CheckpointStore:
         """The complete checkpoints written after `after`, newest first: what a restarted job wrote."""
 
         def written() -> list[CheckpointRef]:
-            name = fmt or detect_format(Path(run_dir))
+            name = self.format_of(Path(run_dir), fmt)
             return [_ref(v, name) for v in complete_written_after(ADAPTERS[name], Path(run_dir), self._verdicts, after)]
 
         return await asyncio.to_thread(written)

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from backends.checkpoints import CheckpointStore, detect_format
 from contracts.models import CheckpointFormat, SlurmJob
+from contracts.settings import ConfigError, load_settings
 from trainer.checkpoint import save_checkpoint
 
 FILES = {"model.bin": b"w" * 4096, "optimizer.bin": b"o" * 4096}
@@ -77,3 +80,22 @@ def test_a_job_names_its_format_in_its_comment_and_an_unknown_name_is_left_to_de
     assert job("checkpoint_format=hf_trainer").checkpoint_format is CheckpointFormat.HF_TRAINER
     assert job("checkpoint_dir=/ckpt;checkpoint_format=orbax").checkpoint_format is None
     assert job("checkpoint_dir=/ckpt").checkpoint_format is None
+
+
+async def test_the_configured_format_applies_where_a_job_names_none(tmp_path):
+    run = run_with(tmp_path, range(10, 30, 10))
+    (run / "checkpoint-5").mkdir()  # a stray directory in Trainer's layout: detection would still say reference
+    assert (await CheckpointStore().latest_complete(str(run)))[0] is not None
+    configured = CheckpointStore(default_format=CheckpointFormat.HF_TRAINER)
+    latest, [skip] = await configured.latest_complete(str(run))
+    assert latest is None and skip.checkpoint_id == "checkpoint-5"
+    named = await configured.latest_complete(str(run), fmt=CheckpointFormat.REFERENCE)
+    assert named[0] is not None and named[0].checkpoint_id == "step-000000020"
+
+
+def test_the_setting_takes_a_known_format_only(monkeypatch):
+    monkeypatch.setenv("RECOVERY_CHECKPOINT_FORMAT", "dcp")
+    assert load_settings().checkpoint_format is CheckpointFormat.DCP
+    monkeypatch.setenv("RECOVERY_CHECKPOINT_FORMAT", "orbax")
+    with pytest.raises(ConfigError, match="RECOVERY_CHECKPOINT_FORMAT"):
+        load_settings()
