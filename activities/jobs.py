@@ -384,9 +384,10 @@ class JobActivities:
         the first checkpoint it wrote after the restart (result.evidence and confidence say which)."""
         fmt = req.snapshot.job.checkpoint_format
         expected = result.expected_checkpoint = req.requeue.latest_complete_at_stop
-        records = [
-            r for r in await self._checkpoints.resume_records(run_dir) if r.restart_count == req.expected_restart_count
-        ]
+        every_record = await self._checkpoints.resume_records(run_dir)
+        records = [r for r in every_record if r.restart_count == req.expected_restart_count]
+        interrupted = [r for r in every_record if r.restart_count == req.expected_restart_count - 1]
+        result.previous_resume = interrupted[-1] if interrupted else None
         if not records:
             return await self._infer_resume(req, run_dir, result)
         resume = result.resume = records[-1]

@@ -376,6 +376,13 @@ def render_report(r: IncidentReport) -> str:
         f"  lost training progress: {_num(r.lost_steps, ' steps')}, {_num(r.lost_seconds, ' s')} of training"
         f" (resumed at step {_num(r.resumed_step)}, latest complete checkpoint step {_num(r.latest_complete_step)})",
     ]
+    if (g := r.goodput) is not None:
+        ratio = "-" if g.goodput is None else f"{g.goodput:.3f}"
+        lines.append(
+            f"  goodput (CRE): {ratio} = (t_w {g.wall_seconds} s - lost work {g.lost_work_seconds} s"
+            f" - resume {g.resume_seconds} s - reschedule {g.reschedule_seconds} s"
+            f" - saves {g.checkpoint_save_seconds} s) / (t_w - reschedule)"
+        )
     for s in r.skipped_checkpoints:
         lines.append(f"  skipped incomplete checkpoint {s.checkpoint_id}: {s.why}")
     for j in r.jobs:

@@ -83,6 +83,7 @@ the checkpoint it resumed from and the last step it had reached.</p>
 </section>
 {_phase_table(report)}
 {_jobs_table(report)}
+{_goodput_table(report)}
 {_alerts_table(report)}
 {_actions_table(report)}
 </body>
@@ -385,6 +386,31 @@ def _jobs_table(r: IncidentReport) -> str:
             "verification",
             "evidence",
         ),
+        rows,
+    )
+
+
+def _goodput_table(r: IncidentReport) -> str:
+    """CRE's goodput and its terms, per job and for the incident (their sums)."""
+    rows = [
+        (
+            who,
+            _seconds(g.wall_seconds),
+            _seconds(g.lost_work_seconds),
+            _seconds(g.resume_seconds),
+            _seconds(g.reschedule_seconds),
+            _seconds(g.checkpoint_save_seconds),
+            _value(g.goodput),
+        )
+        for who, g in [*((f"job {j.job_id}", j.goodput) for j in r.jobs), ("incident", r.goodput)]
+        if g is not None
+    ]
+    if not rows:
+        return ""
+    return _table(
+        "goodput",
+        "Goodput: (t_w - t_ch - t_rm - t_re - t_save) / (t_w - t_re), from the interrupted run's start",
+        ("", "wall t_w", "lost work t_ch", "resume t_rm", "reschedule t_re", "checkpoint saves t_save", "goodput"),
         rows,
     )
 

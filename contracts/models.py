@@ -389,7 +389,8 @@ class ResumeRecord(Contract):
     previous_last_step: int | None = None
     previous_train_seconds: float | None = None
     resumed_train_seconds: float = 0.0
-    started_at: datetime
+    started_at: datetime = Field(description="when the job went on training: after loading its checkpoint")
+    launched_at: datetime | None = Field(None, description="when the job's process started, before loading")
     host: str = ""
 
 
@@ -400,6 +401,7 @@ class JobProgress(Contract):
     train_seconds: float
     updated_at: datetime
     state: str
+    save_seconds: float | None = Field(None, description="this run's time spent blocked saving checkpoints")
 
 
 # --- what the workflow asks of activities ----------------------------------------------------
@@ -716,6 +718,7 @@ class JobVerification(Contract):
     nodes_after: list[str]
     expected_checkpoint: CheckpointRef | None = None
     resume: ResumeRecord | None = None
+    previous_resume: ResumeRecord | None = Field(None, description="the record of the run the failure interrupted")
     resumed_at: datetime | None = None
     progress_step_after: int | None = None
     evidence: list[str] = Field(
@@ -821,6 +824,21 @@ class IncidentStatus(Contract):
     decisions: list[DecisionRecord] = Field(default_factory=list)
 
 
+class Goodput(Contract):
+    """NVIDIA Cluster Readiness Engine's goodput over one incident's window, from the start of the
+    run the failure interrupted to the job training again:
+    (t_w - t_ch - t_rm - t_re - t_save) / (t_w - t_re)."""
+
+    window_start: datetime
+    window_end: datetime
+    wall_seconds: float = Field(description="t_w: the window's wall time")
+    lost_work_seconds: float = Field(description="t_ch: training done after the checkpoint resumed from, lost")
+    resume_seconds: float = Field(description="t_rm: the restarted job's start to training again (loading)")
+    reschedule_seconds: float = Field(description="t_re: the failure to the restarted job's start")
+    checkpoint_save_seconds: float = Field(description="t_save: the interrupted run's time blocked saving")
+    goodput: float | None = Field(description="the ratio; None when t_w - t_re is not positive")
+
+
 class JobReport(Contract):
     job_id: JobId
     restart_count: int
@@ -829,6 +847,9 @@ class JobReport(Contract):
     verified: bool
     why_not: list[str] = Field(default_factory=list)
     evidence: list[str] = Field(default_factory=list, description="what the verification rests on")
+    goodput: Goodput | None = Field(
+        None, description="None when a term is unknown: the job keeps no resume records with launch times"
+    )
     confidence: ResumeConfidence | None = Field(None, description="confirmed by the job's resume record, or inferred")
     resumed_step: int | None = None
     latest_complete_step: int | None = None
@@ -885,6 +906,7 @@ class IncidentReport(Contract):
     spare_node: str | None = None
     replacement_seconds: float | None = None
     time_to_resume_seconds: float | None = None
+    goodput: Goodput | None = Field(None, description="over every job with its terms known: their sums")
     lost_steps: int | None = None
     lost_seconds: float | None = None
     resumed_step: int | None = None

@@ -292,6 +292,8 @@ class TrainingJob:
         self.model = Model.initial()
         self.step = 0
         self.train_seconds = 0.0
+        self.save_seconds = 0.0  # this run's time spent saving checkpoints
+        self.launched_at = utc_now_iso()
 
     def run(self) -> int:
         self._resume()
@@ -347,6 +349,7 @@ class TrainingJob:
                 "previous_train_seconds": previous.get("train_seconds") if previous else None,
                 "resumed_train_seconds": self.train_seconds,
                 "started_at": utc_now_iso(),
+                "launched_at": self.launched_at,
                 "host": self.env.node,
             },
         )
@@ -397,7 +400,9 @@ class TrainingJob:
     def _checkpoint(self, reason: str) -> None:
         if not self.writer:
             return
+        started = time.monotonic()
         checkpoint = save_checkpoint(self.run_dir, self.step, self.train_seconds, self.model.to_files())
+        self.save_seconds += time.monotonic() - started
         self.log.info(
             f"checkpoint {checkpoint.checkpoint_id} ({reason}, step {checkpoint.step}, "
             f"{checkpoint.train_seconds:.1f} s trained)"
@@ -417,6 +422,7 @@ class TrainingJob:
                 "train_seconds": self.train_seconds,
                 "updated_at": utc_now_iso(),
                 "state": state,
+                "save_seconds": self.save_seconds,
             },
         )
 

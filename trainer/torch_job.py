@@ -63,6 +63,8 @@ class Job:
         self.node = os.environ.get("SLURMD_NODENAME", "local")
         self.flags = torch.zeros(3)
         self.step, self.train_seconds = 0, 0.0
+        self.save_seconds = 0.0  # this run's time blocked saving (an async save: its staging only)
+        self.launched_at = datetime.now(timezone.utc).isoformat()
         self.pending: object | None = None  # the async save in flight
 
     def run(self) -> int:
@@ -125,15 +127,18 @@ class Job:
 
     def save(self, wait: bool) -> None:
         """A DCP save of this step; `wait=False` leaves it to finish in the background (async_save)."""
-        self.finish_pending()
+        started = time.monotonic()
+        self.finish_pending()  # waiting for the previous async save blocks training too
         target = self.run_dir / f"step_{self.step}"
-        if (target / METADATA).exists():
-            return  # this step is saved already
-        if wait:
-            dcp.save(self.state(), checkpoint_id=str(target), process_group=self.checkpoint_group)
-            self.prune()
-        else:
-            self.pending = dcp.async_save(self.state(), checkpoint_id=str(target), process_group=self.checkpoint_group)
+        if not (target / METADATA).exists():  # else this step is saved already
+            if wait:
+                dcp.save(self.state(), checkpoint_id=str(target), process_group=self.checkpoint_group)
+                self.prune()
+            else:
+                self.pending = dcp.async_save(
+                    self.state(), checkpoint_id=str(target), process_group=self.checkpoint_group
+                )
+        self.save_seconds += time.monotonic() - started
 
     def finish_pending(self) -> None:
         if self.pending is not None:
@@ -191,6 +196,7 @@ class Job:
                             "checkpoint_id": loaded,
                             "resumed_step": self.step if loaded else None,
                             "started_at": started,
+                            "launched_at": self.launched_at,  # optional: for goodput's resume time
                             "skipped_checkpoints": skipped,
                         }
                     )
@@ -207,6 +213,7 @@ class Job:
                 "train_seconds": self.train_seconds,
                 "updated_at": datetime.now(timezone.utc).isoformat(),
                 "state": state,
+                "save_seconds": self.save_seconds,
             }
             write_json_atomically(self.run_dir / "progress.json", record)
 

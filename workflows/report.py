@@ -13,6 +13,7 @@ from contracts.models import (
     ActionRecord,
     DecisionRecord,
     FaultClassification,
+    Goodput,
     IncidentAction,
     IncidentReport,
     JobReport,
@@ -65,7 +66,70 @@ def job_report(snapshot: JobSnapshot, verification: JobVerification | None, fail
         # a job that records no training time at its checkpoints (a DCP job's resume record)
         report.lost_seconds = round(report.lost_steps * progress.train_seconds / progress.step, 3)
         report.lost_seconds_basis = "lost steps x the job's mean step time"
+    report.goodput = job_goodput(snapshot, verification, report.lost_seconds, failure_at)
     return report
+
+
+def job_goodput(
+    snapshot: JobSnapshot, verification: JobVerification, lost_seconds: float | None, failure_at: datetime
+) -> Goodput | None:
+    """CRE's goodput over the incident's window: from the start of the run the failure interrupted
+    (its resume record) to the job training again (verified). None while a term is unknown."""
+    resume, interrupted = verification.resume, verification.previous_resume
+    end = verification.verified_at if verification.verified else None
+    if resume is None or resume.launched_at is None or interrupted is None or end is None or lost_seconds is None:
+        return None
+    progress = snapshot.progress
+    return goodput_of(
+        Goodput(
+            window_start=interrupted.started_at,
+            window_end=end,
+            wall_seconds=round((end - interrupted.started_at).total_seconds(), 3),
+            lost_work_seconds=lost_seconds,
+            resume_seconds=round(max(0.0, (resume.started_at - resume.launched_at).total_seconds()), 3),
+            reschedule_seconds=round(max(0.0, (resume.launched_at - failure_at).total_seconds()), 3),
+            checkpoint_save_seconds=round(progress.save_seconds or 0.0, 3) if progress is not None else 0.0,
+            goodput=None,
+        )
+    )
+
+
+def goodput_of(terms: Goodput) -> Goodput:
+    """The terms with their ratio: (t_w - t_ch - t_rm - t_re - t_save) / (t_w - t_re)."""
+    useful = (
+        terms.wall_seconds
+        - terms.lost_work_seconds
+        - terms.resume_seconds
+        - terms.reschedule_seconds
+        - terms.checkpoint_save_seconds
+    )
+    held = terms.wall_seconds - terms.reschedule_seconds
+    return terms.model_copy(update={"goodput": round(useful / held, 4) if held > 0 else None})
+
+
+_GOODPUT_TERMS = (
+    "wall_seconds",
+    "lost_work_seconds",
+    "resume_seconds",
+    "reschedule_seconds",
+    "checkpoint_save_seconds",
+)
+
+
+def incident_goodput(jobs: list[JobReport]) -> Goodput | None:
+    """Every job's terms summed (the ratio of the sums), over the jobs whose goodput is known."""
+    known = [j.goodput for j in jobs if j.goodput is not None]
+    if not known:
+        return None
+    summed = {term: round(sum(getattr(g, term) for g in known), 3) for term in _GOODPUT_TERMS}
+    return goodput_of(
+        Goodput(
+            window_start=min(g.window_start for g in known),
+            window_end=max(g.window_end for g in known),
+            goodput=None,
+            **summed,
+        )
+    )
 
 
 def build_report(
@@ -125,4 +189,5 @@ def build_report(
         report.resumed_step = first.resumed_step
         report.latest_complete_step = first.latest_complete_step
         report.skipped_checkpoints = [s for j in resumed for s in j.skipped_checkpoints]
+    report.goodput = incident_goodput(job_reports)
     return report

@@ -44,6 +44,12 @@ async def test_xid79_drill_recovers_the_job_from_its_latest_complete_checkpoint(
     assert r.skipped_checkpoints == []
     # Replacement time and time to resume are measured apart; Slurm's requeue delay dominates the latter.
     assert r.spare_node == "gpu-5" and 0 < r.replacement_seconds < r.time_to_resume_seconds
+    # CRE's goodput over the window from the interrupted run's start: its terms are the report's own
+    g = r.goodput
+    assert g is not None and job.goodput == g and job.confidence == "confirmed"
+    assert g.lost_work_seconds == r.lost_seconds and 0 < g.reschedule_seconds <= r.time_to_resume_seconds
+    assert g.wall_seconds > g.reschedule_seconds + g.lost_work_seconds and g.checkpoint_save_seconds > 0
+    assert g.goodput is not None and 0 < g.goodput <= 1
     names = [p.name for p in r.phases]
     assert names == [
         "classify",

@@ -43,6 +43,10 @@ async def test_a_pytorch_job_resumes_on_every_rank_from_its_latest_complete_dcp_
     assert job.confidence == "confirmed" and job.evidence[0] == f"resume record: {latest}", job.evidence
     assert resumes_of_restart(run_dir, 1) == [f"resumed from {latest}"] * 2  # both ranks, the same one
     assert job.lost_steps is not None and job.lost_steps >= 0 and job.lost_seconds is not None
+    assert job.lost_seconds_basis == "lost steps x the job's mean step time"
+    g = job.goodput  # the launch time and save time come from the job's own records
+    assert g is not None and g.goodput is not None and 0 < g.goodput <= 1 and g.checkpoint_save_seconds > 0
+    assert g.resume_seconds > 0 and g.reschedule_seconds > 0
 
 
 @pytest.mark.parametrize(

@@ -149,3 +149,49 @@ def test_fresh_start_loses_everything_it_had_done():
     v.resume.checkpoint_id = None
     r = report([snapshot(5, 12)], [v], None)
     assert r.lost_steps == 12 and r.lost_seconds == 2.4
+
+
+def with_goodput_records(v: JobVerification, launched_at: float, verified_at: float, run_started: float):
+    """The resume record with its launch time, the interrupted run's record, and when verified."""
+    assert v.resume is not None
+    resume = v.resume.model_copy(update={"launched_at": at(launched_at)})
+    interrupted = resume.model_copy(update={"restart_count": 0, "started_at": at(run_started), "launched_at": None})
+    return v.model_copy(update={"resume": resume, "previous_resume": interrupted, "verified_at": at(verified_at)})
+
+
+def test_goodput_follows_cre_over_the_window_from_the_interrupted_run_to_training_again():
+    """(t_w - t_ch - t_rm - t_re - t_save) / (t_w - t_re); the reschedule time leaves the denominator,
+    so the replacement's wait does not count against the job's own progress."""
+    snap = snapshot(5, 37)
+    assert snap.progress is not None
+    snap.progress.save_seconds = 1.5
+    # the run began 100 s before the failure; relaunched 12 s after it, training again at 14.5 s
+    v = with_goodput_records(verification(5, 20, 37, 14.5, 7.4, 4.0), 12.0, 20.0, -100.0)
+    r = report([snap], [v], None)
+    g = r.jobs[0].goodput
+    assert g is not None
+    assert (g.wall_seconds, g.lost_work_seconds, g.resume_seconds, g.reschedule_seconds, g.checkpoint_save_seconds) == (
+        120.0,
+        3.4,
+        2.5,
+        12.0,
+        1.5,
+    )
+    assert g.goodput == round((120.0 - 3.4 - 2.5 - 12.0 - 1.5) / (120.0 - 12.0), 4)
+    assert r.goodput == g  # one job: the incident's is its own
+
+
+def test_goodput_is_left_unknown_without_the_launch_time_and_sums_over_jobs():
+    plain = verification(6, 40, 50, 22.0, 10.0, 8.0)
+    r = report([snapshot(6, 50)], [plain], None)
+    assert r.jobs[0].goodput is None and r.goodput is None
+    both = report(
+        [snapshot(5, 30), snapshot(6, 50)],
+        [
+            with_goodput_records(verification(5, 20, 30, 10.0, 6.0, 4.0), 9.0, 12.0, -48.0),
+            with_goodput_records(verification(6, 40, 50, 22.0, 10.0, 8.0), 20.0, 24.0, -76.0),
+        ],
+        None,
+    )
+    assert both.goodput is not None and (both.goodput.wall_seconds, both.goodput.reschedule_seconds) == (160.0, 29.0)
+    assert both.goodput.goodput == round((160.0 - 4.0 - 3.0 - 29.0) / (160.0 - 29.0), 4)

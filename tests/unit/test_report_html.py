@@ -13,6 +13,7 @@ from cli.report_html import render_report_html, write_report_html
 from contracts.models import (
     ActionRecord,
     FaultClass,
+    Goodput,
     IncidentReport,
     JobReport,
     NodeFailureAlert,
@@ -209,3 +210,20 @@ def test_a_job_says_what_its_verification_rests_on_and_how_sure_it_is():
     )
     page = render_report_html(recovered_report(jobs=[job]))
     assert "inferred: first checkpoint written after the restart: step_40 (no resume record)" in page
+
+
+def test_goodput_and_its_terms_are_in_the_report():
+    terms = Goodput(
+        window_start=T0,
+        window_end=T0,
+        wall_seconds=120.0,
+        lost_work_seconds=3.4,
+        resume_seconds=2.5,
+        reschedule_seconds=12.0,
+        checkpoint_save_seconds=1.5,
+        goodput=0.9296,
+    )
+    job = recovered_report().jobs[0].model_copy(update={"goodput": terms})
+    page = render_report_html(recovered_report(jobs=[job]).model_copy(update={"goodput": terms}))
+    [section] = re.findall(r'<section id="goodput">.*?</section>', page)
+    assert section.count("0.9296") == 2 and "reschedule t_re" in section and "12.0 s" in section
