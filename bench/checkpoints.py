@@ -30,25 +30,22 @@ class CheckpointsResult:
     verifications: int  # checkpoints the store verified over every poll
 
     def rows(self) -> list[Row]:
-        what = f"{self.count} checkpoints x {self.megabytes} MB"
-        baseline = median(self.baseline) or 0.0
+        what = f"latest complete checkpoint of {self.count} checkpoints x {self.megabytes} MB"
+        baseline = (median(self.baseline) or 0.0) * 1000
+        polls = (
+            ("first poll", self.first, "ratio <= 0.1", "10x faster", 1),
+            ("a later poll, nothing changed", self.steady, "ratio <= 0.01", "100x faster", 2),
+        )
         return [
             row(
-                f"latest complete checkpoint of {what}: first poll (baseline: verify every one)",
-                (median(self.first) or 0.0) * 1000,
+                f"{what}: {poll} (baseline: verify every one)",
+                (median(times) or 0.0) * 1000,
                 "ms",
-                baseline * 1000,
-                goal("ratio <= 0.1", note="10x faster"),
-                digits=1,
-            ),
-            row(
-                f"latest complete checkpoint of {what}: a later poll, nothing changed (baseline: verify every one)",
-                (median(self.steady) or 0.0) * 1000,
-                "ms",
-                baseline * 1000,
-                goal("ratio <= 0.01", note="100x faster"),
-                digits=2,
-            ),
+                baseline,
+                goal(bound, note=note),
+                digits=digits,
+            )
+            for poll, times, bound, note, digits in polls
         ]
 
     def details(self) -> str:
