@@ -51,7 +51,7 @@ BASE_EXTRAS=drills,test,check
 install_python_env() {
   local stamp=.venv/.installed-from sha installed_sha installed wanted missing=()
   sha=$(sha256sum pyproject.toml | cut -d' ' -f1)
-  read -r installed_sha installed < "$stamp" 2>/dev/null || true
+  read -r installed_sha installed 2>/dev/null < "$stamp" || true
   [ "${installed_sha:-}" = "$sha" ] || installed=""
   wanted=$(tr ',' '\n' <<<"$BASE_EXTRAS,${1:-}" | sed '/^$/d' | sort -u | paste -sd, -)
   for extra in ${wanted//,/ }; do [[ ",${installed:-}," == *",$extra,"* ]] || missing+=("$extra"); done
