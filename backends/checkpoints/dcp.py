@@ -37,7 +37,7 @@ def shard_sizes_needed(metadata: bytes) -> dict[str, int]:
     for info in storage.values():
         path, offset, length = (info.field(k) if isinstance(info, pickled.Stub) else None for k in _STORAGE_INFO)
         if not isinstance(path, str) or not isinstance(offset, int) or not isinstance(length, int):
-            raise ValueError(f"a storage entry without relative_path, offset and length: {info!r}")
+            raise ValueError(f"a storage entry ({type(info).__name__}) without relative_path, offset and length")
         needed[path] = max(needed.get(path, 0), offset + length)
     return needed
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,8 +20,9 @@ from typing import Protocol
 from contracts.models import CheckpointFormat
 from trainer.checkpoint import BEING_WRITTEN
 
-# A file's name (relative to the checkpoint), size and mtime in ns; sorted
-Fingerprint = tuple[tuple[str, int, int], ...]
+# A file's name (relative to the checkpoint), size, mtime, ctime and inode; sorted. ctime moves
+# whenever a file is written or its times are set (a copy that keeps size and mtime changes it).
+Fingerprint = tuple[tuple[str, int, int, int, int], ...]
 _LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")
 
 
@@ -96,7 +96,10 @@ class VerdictCache:
         if kept is not None and kept[0] == now and kept[1].candidate == candidate:
             self._verdicts.move_to_end(key)
             return kept[1]
-        verdict = adapter.verify(candidate)
+        try:
+            verdict = adapter.verify(candidate)
+        except Exception as error:  # noqa: BLE001 (a file no adapter foresaw is an unreadable checkpoint)
+            verdict = Verdict(candidate, f"unreadable ({type(error).__name__}: {error})"[:500])
         self.verified += 1
         self._verdicts[key] = (now, verdict)
         self._verdicts.move_to_end(key)
@@ -114,8 +117,11 @@ def newest_complete(
     checkpoint written at or after it is left out (the listing's time: its last file's).
     """
     listed = [c for c in adapter.candidates(run_dir) if created_before is None or c.written_at < created_before]
-    skipped = [Verdict(c, BEING_WRITTEN) for c in _newest_first(listed) if c.being_written]
-    for candidate in _newest_first(c for c in listed if not c.being_written):
+    writing = [c for c in listed if c.being_written]
+    skipped = [
+        Verdict(c, BEING_WRITTEN) for c in sorted(writing, key=lambda c: (c.step or 0, c.written_at), reverse=True)
+    ]
+    for candidate in _newest_first([c for c in listed if not c.being_written], adapter, cache):
         verdict = cache.verdict(adapter, candidate)
         if created_before is not None and verdict.resolved_written_at >= created_before:
             continue
@@ -128,12 +134,20 @@ def newest_complete(
 def complete_written_after(adapter: Adapter, run_dir: Path, cache: VerdictCache, after: datetime) -> list[Verdict]:
     """The complete checkpoints written after `after` (a restart), newest first."""
     listed = [c for c in adapter.candidates(run_dir) if not c.being_written and c.written_at > after]
-    verdicts = [cache.verdict(adapter, c) for c in _newest_first(listed)]
+    verdicts = [cache.verdict(adapter, c) for c in _newest_first(listed, adapter, cache)]
     return [v for v in verdicts if v.complete and v.resolved_written_at > after]
 
 
-def _newest_first(candidates: Iterable[Candidate]) -> list[Candidate]:
-    return sorted(candidates, key=lambda c: (c.step is not None, c.step or 0, c.written_at), reverse=True)
+def _newest_first(candidates: list[Candidate], adapter: Adapter, cache: VerdictCache) -> list[Candidate]:
+    """By step, highest first. A checkpoint whose name has no step (Lightning's last.ckpt) is read
+    for it first (its verdict is kept); at an equal step, the one named with its step comes first
+    (last.ckpt is rewritten in place), then the newer."""
+
+    def order(c: Candidate) -> tuple[bool, int, bool, datetime]:
+        step = c.step if c.step is not None else cache.verdict(adapter, c).resolved_step
+        return (step is not None, step or 0, c.step is not None, c.written_at)
+
+    return sorted(candidates, key=order, reverse=True)
 
 
 # --- helpers the adapters share -----------------------------------------------------------------
@@ -144,7 +158,7 @@ def fingerprint(path: Path) -> Fingerprint:
     try:
         if not path.is_dir():
             st = path.stat()
-            return ((path.name, st.st_size, st.st_mtime_ns),)
+            return ((path.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino),)
     except FileNotFoundError:
         return ()
     found = []
@@ -155,7 +169,7 @@ def fingerprint(path: Path) -> Fingerprint:
                 st = file.stat()
             except FileNotFoundError:
                 continue
-            found.append((str(file.relative_to(path)), st.st_size, st.st_mtime_ns))
+            found.append((str(file.relative_to(path)), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
     return tuple(sorted(found))
 
 
@@ -164,14 +178,6 @@ def mtime(path: Path) -> datetime | None:
         return datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
     except FileNotFoundError:
         return None
-
-
-def last_written(path: Path) -> datetime:
-    """The newest mtime of the checkpoint's files (or of the directory, when empty)."""
-    times = [ns for _, _, ns in fingerprint(path)]
-    if times:
-        return datetime.fromtimestamp(max(times) / 1e9, timezone.utc)
-    return mtime(path) or datetime.fromtimestamp(0, timezone.utc)
 
 
 def step_in_name(name: str) -> int | None:

@@ -37,6 +37,8 @@ def _weights_problem(directory: Path) -> str | None:
                 shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
             except (OSError, ValueError, KeyError, AttributeError, TypeError) as error:
                 return f"{index_name} unreadable ({error})"
+            if not all(isinstance(s, str) and s and "/" not in s for s in shards):
+                return f"{index_name} names a shard that is not a plain file name"
             return next((p for p in (_file_problem(directory / s) for s in shards) if p), None)
     for name in _SINGLE_WEIGHTS:
         if (directory / name).exists():

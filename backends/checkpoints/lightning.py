@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from backends.checkpoints.formats import Candidate, Verdict, mtime
-from backends.checkpoints.payload import torch_archive_object, torch_archive_problem
+from backends.checkpoints.payload import ARCHIVE_ERRORS, torch_archive_object, torch_archive_problem
 from contracts.models import CheckpointFormat
 
 SUFFIX = ".ckpt"
@@ -51,7 +51,7 @@ class LightningCheckpoints:
             return Verdict(candidate, problem)
         try:
             held = torch_archive_object(candidate.path)
-        except (OSError, ValueError, KeyError) as error:
-            return Verdict(candidate, f"unreadable ({error})")
+        except (*ARCHIVE_ERRORS, KeyError, StopIteration) as error:
+            return Verdict(candidate, f"unreadable ({type(error).__name__}: {error})")
         step = held.get("global_step") if isinstance(held, dict) else None
         return Verdict(candidate, None, step=step if isinstance(step, int) else None)

@@ -51,7 +51,11 @@ class MegatronCheckpoints:
         found = []
         for directory in subdirectories(run_dir):
             named = _ITERATION.fullmatch(directory.name)
-            written_at = mtime(directory)
+            # its files' newest time: rewriting a rank's file in place leaves the directory's as it was
+            times = [
+                t for f in [directory / dcp.METADATA, *directory.glob(f"mp_rank_*/{RANK_FILE}")] if (t := mtime(f))
+            ]
+            written_at = max(times, default=None) or mtime(directory)
             if named and written_at is not None:
                 found.append(
                     Candidate(directory.name, directory, int(named[1]), written_at, judged_with=(run_dir / TRACKER,))

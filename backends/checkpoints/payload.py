@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import struct
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
 from backends.checkpoints import pickled
 
 SAFETENSORS_HEADER_LIMIT = 100 << 20  # the format's own bound on the JSON header
+# What reading a damaged zip archive raises (a bad CRC, a bad deflate stream, an unknown method)
+ARCHIVE_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, RuntimeError, NotImplementedError, EOFError, ValueError)
 
 
 def torch_archive_problem(path: Path) -> str | None:
@@ -23,8 +26,8 @@ def torch_archive_problem(path: Path) -> str | None:
             entries = archive.infolist()
     except FileNotFoundError:
         return f"{path.name} missing"
-    except (zipfile.BadZipFile, OSError) as error:
-        return f"{path.name} is not a whole torch.save archive ({error})"
+    except ARCHIVE_ERRORS as error:
+        return f"{path.name} is not a whole torch.save archive ({type(error).__name__}: {error})"
     if not any(e.filename.endswith("data.pkl") for e in entries):
         return f"{path.name} has no data.pkl: not a torch.save archive"
     if any(e.header_offset + e.compress_size > size for e in entries):
@@ -56,8 +59,25 @@ def safetensors_problem(path: Path) -> str | None:
         return f"{path.name} missing"
     except (OSError, ValueError) as error:
         return f"{path.name} header unreadable ({error})"
-    ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)]
+    ends = _tensor_ends(header)
+    if ends is None:
+        return f"{path.name} header unreadable (not a map of tensors with two integer data_offsets each)"
     needed = 8 + header_len + max(ends, default=0)
     if size < needed:
         return f"{path.name} truncated: {size} bytes, its header needs {needed}"
     return None
+
+
+def _tensor_ends(header: object) -> list[int] | None:
+    """Where each tensor of a safetensors header ends; None when the header is not well formed."""
+    if not isinstance(header, dict):
+        return None
+    ends = []
+    for name, tensor in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = tensor.get("data_offsets") if isinstance(tensor, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
+            return None
+        ends.append(offsets[1])
+    return ends

@@ -16,7 +16,8 @@ class ReferenceCheckpoints:
     name = CheckpointFormat.REFERENCE
 
     def detect(self, run_dir: Path) -> bool:
-        return any(ckpt.name_step(d.name) for d in subdirectories(run_dir)) or (run_dir / ckpt.PROGRESS_NAME).exists()
+        # by its directories only: progress.json is a record any job may keep
+        return any(ckpt.name_step(d.name) for d in subdirectories(run_dir))
 
     def candidates(self, run_dir: Path) -> list[Candidate]:
         found = []

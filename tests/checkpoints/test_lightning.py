@@ -86,3 +86,13 @@ async def test_a_checkpoint_cut_short_is_incomplete_as_torch_load_finds_it(saved
     assert skip.checkpoint_id == "checkpoints/epoch=0-step=4.ckpt"
     assert skip.why.startswith("epoch=0-step=4.ckpt is not a whole torch.save archive")
     assert not torch_loads(run / skip.checkpoint_id) and torch_loads(run / latest.checkpoint_id)
+
+
+async def test_a_last_ckpt_ahead_of_every_named_checkpoint_is_the_latest(saved, store, tmp_path):
+    """ModelCheckpoint with top-k on a metric keeps named checkpoints that may be older than last.ckpt."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for name in ("epoch=0-step=2.ckpt", "last.ckpt"):  # last.ckpt holds step 4
+        (run / "checkpoints" / name).write_bytes((saved / "checkpoints" / name).read_bytes())
+    latest, skipped = await store.latest_complete(str(run))
+    assert latest is not None and (latest.checkpoint_id, latest.step) == ("checkpoints/last.ckpt", 4) and skipped == []
