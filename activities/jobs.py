@@ -8,6 +8,7 @@ timeout and the poll resumes on another worker; the workflow owns every deadline
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -422,15 +423,18 @@ class JobActivities:
 
     async def _infer_resume(self, req: VerifyRequest, run_dir: str, result: JobVerification) -> bool:
         """No resume record: the first checkpoint the job wrote after it stopped shows where it went
-        on from. Past the expected one's step: it resumed from it (the newest when it stopped); at or
-        below it: from an older one or from scratch."""
-        expected = result.expected_checkpoint
+        on from, when the expected one lies on the job's checkpoint grid (the steps' common interval):
+        past its step, the job resumed from it (the newest when it stopped); at or below it, from an
+        older one or from scratch. An expected checkpoint off the grid (an emergency save) cannot be
+        told from the one before it so: the verification then waits for a resume record."""
+        expected, fmt = result.expected_checkpoint, req.snapshot.job.checkpoint_format
         stopped = max((a.at for a in req.requeue.actions), default=None) or (expected.created_at if expected else None)
-        written = (
-            await self._checkpoints.written_after(run_dir, stopped, req.snapshot.job.checkpoint_format)
-            if stopped
-            else []
-        )
+        written = [
+            c
+            for c in (await self._checkpoints.written_after(run_dir, stopped, fmt) if stopped else [])
+            # the expected checkpoint itself, unchanged, is not new (a file server's clock may run ahead)
+            if expected is None or (c.checkpoint_id, c.created_at) != (expected.checkpoint_id, expected.created_at)
+        ]
         if not written:
             result.why_not.append(
                 f"no resume record for restart {req.expected_restart_count}, and no checkpoint written since the "
@@ -441,12 +445,22 @@ class JobActivities:
         result.progress_step_after = max(c.step for c in written)
         result.evidence = [f"first checkpoint written after the restart: {first.checkpoint_id} (no resume record)"]
         result.confidence = "inferred"
-        if expected is not None and first.step <= expected.step:
+        if expected is None:
+            return False
+        if first.step <= expected.step:
             result.why_not.append(
                 f"the job's first checkpoint after the restart is {first.checkpoint_id} (step {first.step}), not past "
                 f"{expected.checkpoint_id}: it went on from an older checkpoint or from scratch"
             )
             return True
+        earlier = [c.step for c in await self._checkpoints.complete_before(run_dir, expected.created_at, fmt)]
+        grid = math.gcd(*earlier) if earlier else 0
+        if grid == 0 or expected.step % grid:
+            result.why_not.append(
+                f"no resume record, and {expected.checkpoint_id} lies off the job's checkpoint grid "
+                f"({f'every {grid} steps' if grid else 'no earlier checkpoint'}): its first checkpoint after the "
+                f"restart, {first.checkpoint_id}, cannot tell it from an older one"
+            )
         return False
 
 

@@ -38,6 +38,15 @@ Actor = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\n\r]+$"
 MAX_GPU_INDEX = 63
 GPU_UUID = re.compile(r"^(GPU|MIG)-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
 GpuIndex = Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]
+
+
+def _assume_utc(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+
+# A time a training job wrote: without a zone it is taken as UTC (compared with the controller's
+# aware times, a naive one would fail the comparison, and a workflow task with it)
+JobTime = Annotated[datetime, AfterValidator(_assume_utc)]
 GpuUuid = Annotated[str, Field(pattern=GPU_UUID.pattern)]
 PciAddress = Annotated[str, Field(pattern=r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")]
 _PCI_ADDRESS = re.compile(r"^(?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?$")
@@ -389,8 +398,8 @@ class ResumeRecord(Contract):
     previous_last_step: int | None = None
     previous_train_seconds: float | None = None
     resumed_train_seconds: float = 0.0
-    started_at: datetime = Field(description="when the job went on training: after loading its checkpoint")
-    launched_at: datetime | None = Field(None, description="when the job's process started, before loading")
+    started_at: JobTime = Field(description="when the job went on training: after loading its checkpoint")
+    launched_at: JobTime | None = Field(None, description="when the job's process started, before loading")
     host: str = ""
 
 
@@ -399,7 +408,7 @@ class JobProgress(Contract):
     restart_count: int
     step: int
     train_seconds: float
-    updated_at: datetime
+    updated_at: JobTime
     state: str
     save_seconds: float | None = Field(None, description="this run's time spent blocked saving checkpoints")
 

@@ -13,8 +13,16 @@ import asyncio
 from datetime import datetime
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from backends.checkpoints.dcp import DcpCheckpoints
-from backends.checkpoints.formats import Adapter, Verdict, VerdictCache, complete_written_after, newest_complete
+from backends.checkpoints.formats import (
+    Adapter,
+    Verdict,
+    VerdictCache,
+    complete_written,
+    newest_complete,
+)
 from backends.checkpoints.hf_trainer import HfTrainerCheckpoints
 from backends.checkpoints.lightning import LightningCheckpoints
 from backends.checkpoints.megatron import MegatronCheckpoints
@@ -73,20 +81,40 @@ class CheckpointStore:
         self, run_dir: str, after: datetime, fmt: CheckpointFormat | None = None
     ) -> list[CheckpointRef]:
         """The complete checkpoints written after `after`, newest first: what a restarted job wrote."""
+        return await self._complete(run_dir, fmt, after=after)
 
-        def written() -> list[CheckpointRef]:
+    async def complete_before(
+        self, run_dir: str, before: datetime, fmt: CheckpointFormat | None = None
+    ) -> list[CheckpointRef]:
+        """Every complete checkpoint written before `before`, newest first (each verified once)."""
+        return await self._complete(run_dir, fmt, before=before)
+
+    async def _complete(self, run_dir: str, fmt: CheckpointFormat | None, **bounds: datetime) -> list[CheckpointRef]:
+        def listed() -> list[CheckpointRef]:
             name = self.format_of(Path(run_dir), fmt)
-            return [_ref(v, name) for v in complete_written_after(ADAPTERS[name], Path(run_dir), self._verdicts, after)]
+            return [_ref(v, name) for v in complete_written(ADAPTERS[name], Path(run_dir), self._verdicts, **bounds)]
 
-        return await asyncio.to_thread(written)
+        return await asyncio.to_thread(listed)
 
     async def progress(self, run_dir: str) -> JobProgress | None:
+        """The job's progress record; None when it has none or it does not read as one."""
         raw = await asyncio.to_thread(ckpt.read_progress, Path(run_dir))
-        return JobProgress.model_validate(raw) if raw else None
+        try:
+            return JobProgress.model_validate(raw) if raw else None
+        except ValidationError:
+            return None
 
     async def resume_records(self, run_dir: str) -> list[ResumeRecord]:
+        """The job's resume records, oldest first; a line that does not read as one is left out, as a
+        torn line is (a job's own typo must not stop its verification: it is then judged without it)."""
         raws = await asyncio.to_thread(ckpt.read_resume_records, Path(run_dir))
-        return [ResumeRecord.model_validate(r) for r in raws]
+        records = []
+        for raw in raws:
+            try:
+                records.append(ResumeRecord.model_validate(raw))
+            except ValidationError:
+                continue
+        return records
 
 
 def _ref(verdict: Verdict, fmt: CheckpointFormat) -> CheckpointRef:

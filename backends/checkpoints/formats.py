@@ -131,11 +131,21 @@ def newest_complete(
     return None, skipped
 
 
-def complete_written_after(adapter: Adapter, run_dir: Path, cache: VerdictCache, after: datetime) -> list[Verdict]:
-    """The complete checkpoints written after `after` (a restart), newest first."""
-    listed = [c for c in adapter.candidates(run_dir) if not c.being_written and c.written_at > after]
+def complete_written(
+    adapter: Adapter,
+    run_dir: Path,
+    cache: VerdictCache,
+    after: datetime | None = None,
+    before: datetime | None = None,
+) -> list[Verdict]:
+    """The complete checkpoints written after `after` and before `before` (either open), newest first."""
+
+    def within(at: datetime) -> bool:
+        return (after is None or at > after) and (before is None or at < before)
+
+    listed = [c for c in adapter.candidates(run_dir) if not c.being_written and within(c.written_at)]
     verdicts = [cache.verdict(adapter, c) for c in _newest_first(listed, adapter, cache)]
-    return [v for v in verdicts if v.complete and v.resolved_written_at > after]
+    return [v for v in verdicts if v.complete and within(v.resolved_written_at)]
 
 
 def _newest_first(candidates: list[Candidate], adapter: Adapter, cache: VerdictCache) -> list[Candidate]:

@@ -25,9 +25,11 @@ from trainer.checkpoint import append_resume_record, save_checkpoint, write_prog
 FILES = {"model.bin": b"m" * 1024}
 
 
-async def check(run: Path, stopped: datetime) -> tuple[JobVerification, bool]:
+async def check(run: Path, stopped: datetime, expected_before: datetime | None = None) -> tuple[JobVerification, bool]:
+    """`stopped`: the requeue's time by the controller's clock; the expected checkpoint is the newest
+    written before `expected_before` (default: `stopped`)."""
     store = CheckpointStore()
-    expected, _ = await store.latest_complete(str(run), created_before=stopped)
+    expected, _ = await store.latest_complete(str(run), created_before=expected_before or stopped)
     job = SlurmJob(job_id=7, state="RUNNING", nodes=["gpu-3"], comment=f"checkpoint_dir={run}")
     requeue_action = ActionRecord(at=stopped, action="requeue_hold", target="job 7", path="cli", actor="t", reason="t")
     request = VerifyRequest(
@@ -144,3 +146,41 @@ async def test_the_resume_record_a_job_writes_in_three_lines_is_one_the_controll
     # ---
     [read] = await CheckpointStore().resume_records(str(tmp_path))
     assert (read.job_id, read.restart_count, read.checkpoint_id, read.resumed_step) == ("7", 1, "step_30", 30)
+
+
+async def test_a_record_without_a_time_zone_is_utc_and_one_that_does_not_read_is_left_out(tmp_path):
+    with open(tmp_path / "resume-log.jsonl", "w") as log:
+        log.write(json.dumps({"job_id": "7", "restart_count": 0, "checkpoint_id": None, "resumed_step": None}) + "\n")
+        record = {"job_id": "7", "restart_count": 1, "checkpoint_id": "step_30", "resumed_step": 30}
+        log.write(json.dumps({**record, "started_at": "2026-12-05T10:00:00"}) + "\n")
+    [read] = await CheckpointStore().resume_records(str(tmp_path))
+    assert read.started_at == datetime(2026, 12, 5, 10, 0, tzinfo=timezone.utc)
+
+
+async def test_an_expected_checkpoint_off_the_checkpoint_grid_leaves_the_inference_inconclusive(tmp_path):
+    """An emergency checkpoint at step 37 and a job that resumed from step 30 would both write step 40 next."""
+    run, _ = trained_until_stopped(tmp_path)
+    save_checkpoint(run, 37, 3.7, FILES)
+    stopped = datetime.now(timezone.utc)
+    save_checkpoint(run, 40, 4.0, FILES)
+    result, wrong = await check(run, stopped)
+    assert result.expected_checkpoint is not None and result.expected_checkpoint.step == 37
+    assert not wrong and result.confidence == "inferred"
+    assert result.why_not == [
+        "no resume record, and step-000000037 lies off the job's checkpoint grid (every 10 steps): its first "
+        "checkpoint after the restart, step-000000040, cannot tell it from an older one"
+    ]
+
+
+async def test_the_expected_checkpoint_written_after_the_controllers_clock_says_stop_is_not_new(tmp_path):
+    """A file server's clock ahead of the worker's: the SIGTERM checkpoint seems written after the requeue."""
+    run = tmp_path / "run"
+    for step in (10, 20):
+        save_checkpoint(run, step, step * 0.1, FILES)
+    stopped = datetime.now(timezone.utc)
+    save_checkpoint(run, 30, 3.0, FILES)  # the newest when the job stopped, by the files' clock
+    result, wrong = await check(run, stopped, expected_before=datetime.now(timezone.utc))
+    assert result.expected_checkpoint is not None and result.expected_checkpoint.step == 30
+    assert not wrong and result.why_not == [
+        "no resume record for restart 1, and no checkpoint written since the restart yet"
+    ]
