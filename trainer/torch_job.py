@@ -61,7 +61,8 @@ class Job:
         self.job_id = os.environ.get("SLURM_JOB_ID", "local")
         self.restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         self.node = os.environ.get("SLURMD_NODENAME", "local")
-        self.flags = torch.zeros(3)
+        self.signalled = {"USR1": 0, "TERM": 0}
+        self.saved_step: int | None = None  # the step of the last checkpoint this run wrote or loaded
         self.step, self.train_seconds = 0, 0.0
         self.save_seconds = 0.0  # this run's time blocked saving (an async save: its staging only)
         self.launched_at = datetime.now(timezone.utc).isoformat()
@@ -81,16 +82,20 @@ class Job:
         )
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         self.resume()
-        signal.signal(signal.SIGUSR1, lambda *_: self.flags.__setitem__(_CHECKPOINT, 1))
-        signal.signal(signal.SIGTERM, lambda *_: self.flags.__setitem__(_TERMINATE, 1))
+        signal.signal(signal.SIGUSR1, lambda *_: self.signalled.__setitem__("USR1", self.signalled["USR1"] + 1))
+        signal.signal(signal.SIGTERM, lambda *_: self.signalled.__setitem__("TERM", self.signalled["TERM"] + 1))
+        handled_usr1 = 0
         while True:
             if self.lost_gpu() and self.crashes():
                 log(self.rank, f"CUDA error: GPU lost on {self.node}: the process crashes")
                 return EXIT_CRASHED
-            agreed = self.flags.clone()
-            agreed[_LOST] = 1.0 if self.lost_gpu() else 0.0
+            # counted, not flagged: a signal that arrives during the all-reduce counts at the next step
+            usr1 = self.signalled["USR1"]
+            agreed = torch.tensor(
+                [float(self.signalled["TERM"] > 0), float(usr1 > handled_usr1), float(self.lost_gpu())]
+            )
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # every rank acts on the same step
-            self.flags[_CHECKPOINT] = 0
+            handled_usr1 = usr1
             if agreed[_LOST]:
                 return self.stall()
             if agreed[_TERMINATE]:
@@ -127,17 +132,20 @@ class Job:
 
     def save(self, wait: bool) -> None:
         """A DCP save of this step; `wait=False` leaves it to finish in the background (async_save)."""
+        if self.saved_step == self.step:
+            return  # decided in memory, alike on every rank: ranks looking at a shared file system may not agree
         started = time.monotonic()
         self.finish_pending()  # waiting for the previous async save blocks training too
         target = self.run_dir / f"step_{self.step}"
-        if not (target / METADATA).exists():  # else this step is saved already
-            if wait:
-                dcp.save(self.state(), checkpoint_id=str(target), process_group=self.checkpoint_group)
-                self.prune()
-            else:
-                self.pending = dcp.async_save(
-                    self.state(), checkpoint_id=str(target), process_group=self.checkpoint_group
-                )
+        if self.rank == 0 and target.exists():  # a save of this step that did not load: never write over it
+            target.rename(target.with_name(f".unloadable-{target.name}-{time.time_ns()}"))
+        dist.barrier(group=self.checkpoint_group)
+        if wait:
+            dcp.save(self.state(), checkpoint_id=str(target), process_group=self.checkpoint_group)
+            self.prune()
+        else:
+            self.pending = dcp.async_save(self.state(), checkpoint_id=str(target), process_group=self.checkpoint_group)
+        self.saved_step = self.step
         self.save_seconds += time.monotonic() - started
 
     def finish_pending(self) -> None:
@@ -161,9 +169,14 @@ class Job:
         """DCP's own load of the newest checkpoint that loads; every rank tries the same ones in the
         same order, and a failed load fails on every rank (DCP gathers the ranks' errors)."""
         skipped, loaded = [], None
-        for directory in sorted(self.checkpoints(), key=step_of, reverse=True):
-            if not (directory / METADATA).exists():
-                skipped.append({"checkpoint_id": directory.name, "why": f"no {METADATA}: the save did not finish"})
+        # rank 0 looks at the directory and tells the others: on a shared file system with client
+        # caches, ranks looking each for itself may see different checkpoints, and diverge
+        listing = [[(d.name, (d / METADATA).exists()) for d in sorted(self.checkpoints(), key=step_of, reverse=True)]]
+        dist.broadcast_object_list(listing, src=0, group=self.checkpoint_group)
+        for name, finished in listing[0]:
+            directory = self.run_dir / name
+            if not finished:
+                skipped.append({"checkpoint_id": name, "why": f"no {METADATA}: the save did not finish"})
                 continue
             state = self.state()
             try:
@@ -176,7 +189,7 @@ class Job:
                 continue
             set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
             self.step, self.train_seconds = state["progress"]["step"], state["progress"]["train_seconds"]
-            loaded = directory.name
+            loaded, self.saved_step = name, self.step
             break
         for skip in skipped:
             log(self.rank, f"skipped checkpoint {skip['checkpoint_id']}: {skip['why']}")
@@ -234,9 +247,10 @@ class Job:
 
     def stall(self) -> int:
         """No step can finish on a lost GPU, and no checkpoint be written: wait for SIGTERM."""
+        self.finish_pending()  # an async save in flight writes from host memory: it finishes
         log(self.rank, f"step {self.step + 1} is stuck: a GPU of the job is lost; no more progress or checkpoints")
         self.progress("stalled")
-        while not self.flags[_TERMINATE]:
+        while not self.signalled["TERM"]:
             time.sleep(0.05)
         log(self.rank, "SIGTERM: exiting without a checkpoint")
         return EXIT_TERMINATED

@@ -73,13 +73,13 @@ class DcpCheckpoints:
     name = CheckpointFormat.DCP
 
     def detect(self, run_dir: Path) -> bool:
-        return any(is_dcp_dir(d) for d in subdirectories(run_dir))
+        return any(is_dcp_dir(d) for d in subdirectories(run_dir) if not d.name.startswith("."))
 
     def candidates(self, run_dir: Path) -> list[Candidate]:
         found = []
         for directory in subdirectories(run_dir):
-            if not is_dcp_dir(directory):
-                continue
+            if directory.name.startswith(".") or not is_dcp_dir(directory):
+                continue  # a hidden directory is no checkpoint (a job's own set-aside, say)
             written_at = mtime(directory / METADATA) or mtime(directory)
             if written_at is not None:
                 found.append(Candidate(directory.name, directory, step_in_name(directory.name), written_at))

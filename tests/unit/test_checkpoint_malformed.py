@@ -86,3 +86,14 @@ def test_a_progress_record_does_not_make_a_dcp_directory_the_reference_format(tm
     (tmp_path / "step_10" / "__0_0.distcp").write_bytes(b"")
     (tmp_path / "progress.json").write_text("{}")
     assert detect_format(tmp_path) is CheckpointFormat.DCP
+
+
+def test_a_hidden_directory_is_no_dcp_checkpoint(tmp_path):
+    """The PyTorch job sets a save that did not load aside as .unloadable-step_N-<time>: its digits
+    must not make it the newest checkpoint."""
+    from backends.checkpoints.dcp import DcpCheckpoints
+
+    for name in ("step_10", ".unloadable-step_20-1796469358931393085"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__0_0.distcp").write_bytes(b"")
+    assert [c.checkpoint_id for c in DcpCheckpoints().candidates(tmp_path)] == ["step_10"]
