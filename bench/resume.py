@@ -130,7 +130,7 @@ async def slurm_alone(bench: BenchStack, opts: DrillOptions) -> Recovery:
     slurm, store = bench.slurm, CheckpointStore()
     await drill.reset_cluster()
     run_dir = bench.stack.drills_dir / f"slurm-alone-{datetime.now(timezone.utc):%Y%m%dT%H%M%S%fZ}"
-    job_id = await drill.submit_reference_job(run_dir, opts)
+    job_id = await drill.submit_training_job(run_dir, opts)
 
     async def running():
         job = await slurm.get_job(job_id)

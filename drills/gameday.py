@@ -430,7 +430,7 @@ async def play_storm(game: GameDay, scenario: Scenario) -> tuple[list[Slo], list
     run_dirs = {}
     for index in range(2):
         run_dir = drill.stack.drills_dir / f"{started:%Y%m%dT%H%M%S%fZ}-storm-{index}"
-        run_dirs[await drill.submit_reference_job(run_dir, opts)] = run_dir
+        run_dirs[await drill.submit_training_job(run_dir, opts)] = run_dir
     jobs = [await wait_async(lambda j=j: drill._running(j), 60, f"job {j} to run") for j in run_dirs]
     for run_dir in run_dirs.values():
         await wait_async(
