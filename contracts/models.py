@@ -384,9 +384,23 @@ class CheckpointRef(Contract):
     checkpoint_format: CheckpointFormat = CheckpointFormat.REFERENCE
 
 
+# A job writes its own resume record, and what it says goes into the incident's history: kept to a
+# bound (cut, not refused, so that an oversized record still says where the job resumed from)
+MAX_SKIPPED_RECORDED = 20
+MAX_SKIP_TEXT = 300
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_SKIP_TEXT else text[: MAX_SKIP_TEXT - 1] + "…"
+
+
 class SkippedCheckpoint(Contract):
-    checkpoint_id: str
-    why: str
+    checkpoint_id: Annotated[str, AfterValidator(_cut)]
+    why: Annotated[str, AfterValidator(_cut)]
+
+
+def _newest_skipped(skipped: list[SkippedCheckpoint]) -> list[SkippedCheckpoint]:
+    return skipped[:MAX_SKIPPED_RECORDED]
 
 
 class ResumeRecord(Contract):
@@ -394,7 +408,9 @@ class ResumeRecord(Contract):
     restart_count: int
     resumed_step: int | None
     checkpoint_id: str | None
-    skipped_checkpoints: list[SkippedCheckpoint] = Field(default_factory=list)
+    skipped_checkpoints: Annotated[list[SkippedCheckpoint], AfterValidator(_newest_skipped)] = Field(
+        default_factory=list, description=f"as the job listed them, the first {MAX_SKIPPED_RECORDED} kept"
+    )
     previous_last_step: int | None = None
     previous_train_seconds: float | None = None
     resumed_train_seconds: float = 0.0

@@ -184,3 +184,15 @@ async def test_the_expected_checkpoint_written_after_the_controllers_clock_says_
     assert not wrong and result.why_not == [
         "no resume record for restart 1, and no checkpoint written since the restart yet"
     ]
+
+
+async def test_a_resume_record_cannot_grow_the_incidents_history_without_bound(tmp_path):
+    """The job writes it: an endless skipped list or reason is cut, and the record still counts."""
+    skipped = [{"checkpoint_id": f"step_{i}", "why": "x" * 10_000} for i in range(5_000)]
+    record = {"job_id": "7", "restart_count": 1, "checkpoint_id": "step_30", "resumed_step": 30}
+    (tmp_path / "resume-log.jsonl").write_text(
+        json.dumps({**record, "started_at": "2026-12-05T10:00:00+00:00", "skipped_checkpoints": skipped}) + "\n"
+    )
+    [read] = await CheckpointStore().resume_records(str(tmp_path))
+    assert read.checkpoint_id == "step_30" and len(read.skipped_checkpoints) == 20
+    assert read.skipped_checkpoints[0].checkpoint_id == "step_0" and len(read.skipped_checkpoints[0].why) == 300
