@@ -72,6 +72,20 @@ class JobActivities:
 
     @activity.defn
     async def signal_job(self, req: SignalRequest) -> ActionRecord:
+        """The signal to the job, while it still runs where and as the incident found it. A job that
+        has moved on (requeued by another node's incident, or ended) is not signalled, for good
+        (JobMovedOn): a pending job cannot be signalled (Slurm refuses, retried for 10 minutes
+        before), and a job that has just restarted may not have its handler in yet: the signal's
+        default action would end it."""
+        if req.node is not None and req.restart_count is not None:
+            job = await self._slurm.get_job(req.job_id)
+            if job.restart_count != req.restart_count or job.state not in HOLDS_ITS_NODES or req.node not in job.nodes:
+                raise ApplicationError(
+                    f"job {req.job_id} not signalled: it is {job.state} on {','.join(job.nodes) or 'no node'}, "
+                    f"restart {job.restart_count}; found on {req.node}, restart {req.restart_count}",
+                    type="JobMovedOn",
+                    non_retryable=True,
+                )
         call = await self._slurm.acting(req.ctx.dry_run).signal_job(req.job_id, req.signal)
         return record(
             "signal_job", f"job {req.job_id}", call, req.ctx, f"SIG{req.signal} to the batch shell and every step"

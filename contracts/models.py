@@ -458,6 +458,9 @@ class SignalRequest(Contract):
     job_id: JobId
     signal: Literal["USR1", "USR2", "TERM"]
     ctx: ActionContext
+    # Where the incident found the job: it is signalled only while it still runs there, in that run.
+    node: NodeName | None = None
+    restart_count: int | None = Field(None, ge=0)
 
 
 class CheckpointWaitRequest(Contract):

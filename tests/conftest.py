@@ -124,7 +124,8 @@ def pytest_collection_modifyitems(config, items):
     the controller's decisions, run on the newest only. RECOVERY_TEST_GENERATIONS=all runs every
     test on every generation (longer than CI allows on the 2-core machine). Tests marked
     host_slurm_generation (the PyTorch job's: a Debian root's python has no PyTorch) run on the
-    host's generation only."""
+    host's generation only; those marked host_and_newest_slurm_generation (failures that come
+    together: several nodes of a job, pinned jobs, an idle node) on the host's and the newest."""
     every = os.environ.get("RECOVERY_TEST_GENERATIONS") == "all"
     host = host_slurm_generation()
     kept, older = [], []
@@ -133,7 +134,12 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("host_slurm_generation"):
             keep = generation in (None, host)
         else:
-            keep = every or generation in (None, NEWEST_GENERATION) or item.get_closest_marker("every_slurm_generation")
+            keep = (
+                every
+                or generation in (None, NEWEST_GENERATION)
+                or item.get_closest_marker("every_slurm_generation")
+                or (generation == host and item.get_closest_marker("host_and_newest_slurm_generation"))
+            )
         (kept if keep else older).append(item)
     if older:
         config.hook.pytest_deselected(items=older)

@@ -17,7 +17,9 @@
 #   slurm-cluster.sh start|stop|status|env|version|node-kill NODE|slurmctld-restart|token
 #
 # Knobs (environment): SLURM_BASE (/tmp/training-recovery/slurm), SLURM_NODES (4),
-# SLURM_SPARES (1), SLURM_PORT_BASE (16800: ctld +17, restd +20, slurmd +101..),
+# SLURM_SPARES (1), SLURM_CLOUD_NODES (0: nodes without a slurmd, powered-down cloud nodes that
+# Slurm lists and lets you drain, in a partition of their own; for a cluster of fleet size),
+# SLURM_PORT_BASE (16800: ctld +17, restd +20, slurmd +101..),
 # SLURM_ROOT (empty: the host's Slurm), SLURM_CLEAN_STATE (empty; 1: a start that finds no
 # slurmctld running forgets the saved nodes and jobs), SLURM_TOKEN_LIFESPAN (3600: seconds a
 # slurmrestd JWT is valid). The JWT (root's) is in $BASE/etc/slurmrestd.jwt, mode 0600, never in
@@ -35,6 +37,8 @@ ROOT=${SLURM_ROOT:-}
 ROOT=${ROOT%/}
 NODES=${SLURM_NODES:-4}
 SPARES=${SLURM_SPARES:-1}
+CLOUD=${SLURM_CLOUD_NODES:-0}
+[[ $CLOUD =~ ^[0-9]+$ ]] || { echo "slurm-cluster: error: SLURM_CLOUD_NODES=$CLOUD: a count of nodes" >&2; exit 2; }
 PORT_BASE=${SLURM_PORT_BASE:-16800}
 TOKEN_LIFESPAN=${SLURM_TOKEN_LIFESPAN:-3600}
 [[ $TOKEN_LIFESPAN =~ ^[0-9]+$ ]] && [ "$TOKEN_LIFESPAN" -ge 2 ] || {
@@ -135,7 +139,7 @@ spare_names() {
   for ((i = NODES + 1; i <= NODES + SPARES; i++)); do echo "gpu-$i"; done
 }
 
-knobs() { echo "nodes=$NODES spares=$SPARES ports=$PORT_BASE base=$BASE root=${ROOT:-host}"; }
+knobs() { echo "nodes=$NODES spares=$SPARES cloud=$CLOUD ports=$PORT_BASE base=$BASE root=${ROOT:-host}"; }
 
 # The pid in a pid file while its process runs; empty for a stale file, whose pid may belong to
 # another process by now (pids wrap around at pid_max, and start over at a reboot): a process
@@ -233,6 +237,15 @@ CONF
       echo "NodeName=gpu-$i NodeAddr=127.0.0.$((i + 1)) Port=$((SLURMD_PORT0 + i)) CPUs=8 RealMemory=64000 Gres=gpu:8 State=UNKNOWN"
     done
     echo "PartitionName=gpu Nodes=gpu-[1-$total] Default=YES MaxTime=INFINITE State=UP"
+    if [ "$CLOUD" -gt 0 ]; then
+      # Powered down from the start and never resumed (no job is sent to their partition unless
+      # asked): listed by sinfo, scontrol and slurmrestd (PrivateData=cloud), drained like any node.
+      echo "PrivateData=cloud"
+      echo "SuspendProgram=/bin/true"
+      echo "ResumeProgram=/bin/true"
+      echo "NodeName=gpu-[$((total + 1))-$((total + CLOUD))] CPUs=8 RealMemory=64000 Gres=gpu:8 State=CLOUD"
+      echo "PartitionName=cloud Nodes=gpu-[$((total + 1))-$((total + CLOUD))] MaxTime=INFINITE State=UP"
+    fi
     # 25.11+: a job submitted --requeue=expedite is requeued by slurmctld itself when its node
     # fails, at the top of the queue and eligible at once (no requeue_delay)
     if version_at_least 25.11; then echo "SlurmctldParameters=enable_expedited_requeue"; fi

@@ -92,15 +92,16 @@ async def fleet(temporal_env, local_stack, slurm_cluster, **overrides) -> AsyncI
 
 
 @contextmanager
-def cluster_of_its_own(local_stack, name: str, nodes: int, port_offset: int) -> Iterator[tuple]:
-    """A cluster with `nodes` compute nodes and no spare, beside the session's (`port_offset` above
-    its ports). It starts from a clean state: slurmctld restores saved node states, so the drains of
-    an earlier run would otherwise greet this one as "drained by someone else"."""
+def cluster_of_its_own(local_stack, name: str, nodes: int, port_offset: int, spares: int = 0) -> Iterator[tuple]:
+    """A cluster with `nodes` compute nodes and `spares` hot spares, beside the session's
+    (`port_offset` above its ports: a cluster takes 17 to 100 + nodes + spares above its base). It
+    starts from a clean state: slurmctld restores saved node states, so the drains of an earlier
+    run would otherwise greet this one as "drained by someone else"."""
     stack = dataclasses.replace(
         local_stack,
         state_dir=local_stack.state_dir / name,
         slurm_nodes=nodes,
-        slurm_spares=0,
+        slurm_spares=spares,
         slurm_port_base=local_stack.slurm_port_base + port_offset,
     )
     stack.stop_slurm()

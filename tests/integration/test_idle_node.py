@@ -1,6 +1,6 @@
 """A node fails with no job on it (issue #29, item 6): it is fenced like any other, and the hot
 spares stay on standby for an incident with a job to resume; RECOVERY_SPARE_FOR_IDLE_NODE=true
-spends one on capacity for the queue. Real Slurm, real dev server, every generation."""
+spends one on capacity for the queue. Real Slurm, real dev server, the host's generation and the newest."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from drills.localstack import wait_async
 from starter.alerts import raise_alert
 from tests.integration.conftest import Fleet, fleet
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.host_and_newest_slurm_generation]
 
 
 async def fail_an_idle_node(f: Fleet, nth: int) -> IncidentReport:

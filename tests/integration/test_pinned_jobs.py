@@ -3,7 +3,8 @@ and kept off the failed node, which Slurm answers with PENDING (BadConstraints) 
 incident said so only at its verify deadline. Now the policy decides before the requeue
 (RECOVERY_PINNED_JOBS): `unpin` (the default) takes the failed node out of the pin and the job
 resumes; `leave` leaves the job as found and says why at once. A verification never waits out
-its deadline for a state Slurm calls impossible. Real Slurm, the real reference job, both generations."""
+its deadline for a state Slurm calls impossible. Real Slurm, the real reference job, the host's generation
+and the newest."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from drills.localstack import wait_async
 from starter.alerts import raise_alert
 from tests.integration.conftest import Fleet, fleet
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.host_and_newest_slurm_generation]
 
 
 async def pinned_training(drill: Drill) -> SlurmJob:

@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.job_recovery import JobRecoveryActivities
@@ -86,22 +86,35 @@ class JobWork:
 
     async def signal(self, jobs: list[JobSnapshot], ctx: ActionContext) -> None:
         live = _still_running(jobs)
-        signalled = await for_each_job(live, lambda snap: self._signal_job(snap, ctx))
-        self._actions.extend(action for action in signalled if isinstance(action, ActionRecord))
+        outcomes = await for_each_job(live, lambda snap: self._signal_job(snap, ctx))
+        signalled = [action for action in outcomes if isinstance(action, ActionRecord)]
+        self._actions.extend(signalled)
+        not_signalled = [why for why in outcomes if isinstance(why, str)]
         died = [f"{s.job.job_id} ({s.job.state})" for s in jobs if s not in live]
-        self._steps.note(f"SIGUSR1 to {len(live)} job(s)" + (f"; already ended: {', '.join(died)}" if died else ""))
+        self._steps.note(
+            f"SIGUSR1 to {len(signalled)} job(s)"
+            + (f"; {'; '.join(not_signalled)}" if not_signalled else "")
+            + (f"; already ended: {', '.join(died)}" if died else "")
+        )
 
-    async def _signal_job(self, snap: JobSnapshot, ctx: ActionContext) -> ActionRecord | None:
+    async def _signal_job(self, snap: JobSnapshot, ctx: ActionContext) -> ActionRecord | str:
+        """The signal's record, or why the job was not signalled: it had moved on (another node's
+        incident requeued it) or ended meanwhile; the requeue and the verification say the rest."""
         try:
             return await fence_call(
                 JobActivities.signal_job,
-                SignalRequest(job_id=snap.job.job_id, signal="USR1", ctx=ctx),
+                SignalRequest(
+                    job_id=snap.job.job_id,
+                    signal="USR1",
+                    ctx=ctx,
+                    node=self._incident.node,
+                    restart_count=snap.job.restart_count,
+                ),
                 f"SIGUSR1 to job {snap.job.job_id}: checkpoint now if you can",
             )
         except ActivityError as e:
-            # A job that ended meanwhile cannot be signalled; requeue and verify will say so.
             workflow.logger.warning("could not signal job %s: %s", snap.job.job_id, e.cause)
-            return None
+            return str(e.cause.message if isinstance(e.cause, ApplicationError) else e.cause)[:300]
 
     async def readmit(self, jobs: list[JobSnapshot], node: str, spare: SpareResult, ctx: ActionContext) -> None:
         """The failed Slurm node is the replacement, on new hardware (a StatefulSet-mode slurmd pod
