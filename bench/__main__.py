@@ -11,13 +11,16 @@ figure next to its baseline measured in the same run.
   storm      the alert storm against the hooks (its own options and output, bench/storm.py)
   checkpoints  polls for the latest complete checkpoint of many large ones: the checkpoint store
              against verifying every one on every poll (files only)
+  fleet      a real slurmctld with 2,000 cloud nodes and 64 slurmd: its start, memory, and one
+             full node listing (time, bytes, slurmctld RPCs) against a 5-node cluster
 
 The real-Slurm benchmarks run on the bench's own local stack (bench/stack.py: its own state dir
 and ports; what it starts, it stops). Each prints the machine's facts (cores, load, versions) and
 medians over --runs runs (defaults: reaction 5, resume 1, degrading 3, expedite 3, scale 3, storm 3,
-checkpoints 3);
---quick is a short smoke run (fewer runs, N up to 100, a 50-node storm, 20 checkpoints of 2 MB, and
-the resume baseline at the local stack's SlurmdTimeout of 10 s instead of Slurm's default).
+checkpoints 3, fleet 3);
+--quick is a short smoke run (fewer runs, N up to 100, a 50-node storm, 20 checkpoints of 2 MB, a
+fleet of 8 slurmd and 200 cloud nodes, and the resume baseline at the local stack's SlurmdTimeout of
+10 s instead of Slurm's default).
 
 Output: the table and, below it, each benchmark's runs and profile; with --json, the list of rows
 (name, value, unit, baseline, ratio, goal, met) on stdout and everything else on stderr.
@@ -41,15 +44,24 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import checkpoints, degrading, expedite, reaction, resume, scale, storm_table
+from bench import checkpoints, degrading, expedite, fleet, reaction, resume, scale, storm_table
 from bench.stack import SLURM_DEFAULT_SLURMD_TIMEOUT, bench_stack, say
 from bench.storm import StormSpec, run_once, summary
 from bench.table import Row, machine, render
 
 REAL_SLURM = ("reaction", "resume", "degrading")
-ALL = (*REAL_SLURM, "expedite", "scale", "storm", "checkpoints")
-DEFAULT_RUNS = {"reaction": 5, "resume": 1, "degrading": 3, "expedite": 3, "scale": 3, "storm": 3, "checkpoints": 3}
-QUICK_RUNS = {"reaction": 2, "resume": 1, "degrading": 1, "expedite": 1, "scale": 1, "storm": 1, "checkpoints": 1}
+ALL = (*REAL_SLURM, "expedite", "scale", "storm", "checkpoints", "fleet")
+DEFAULT_RUNS = {
+    "reaction": 5,
+    "resume": 1,
+    "degrading": 3,
+    "expedite": 3,
+    "scale": 3,
+    "storm": 3,
+    "checkpoints": 3,
+    "fleet": 3,
+}
+QUICK_RUNS = dict.fromkeys(DEFAULT_RUNS, 1) | {"reaction": 2}
 SCALE_SIZES, QUICK_SCALE_SIZES = [10, 100, 1000], [10, 100]
 
 
@@ -143,6 +155,9 @@ class Runner:
         if "checkpoints" in self.selected:
             runs = self.runs["checkpoints"]
             self.keep("checkpoints", await self.measure("checkpoints", lambda: checkpoints.run(runs, self.quick)))
+        if "fleet" in self.selected:
+            runs = self.runs["fleet"]
+            self.keep("fleet", await self.measure("fleet", lambda: fleet.run(runs, self.quick)))
 
     async def _on_real_slurm(self) -> None:
         # Slurm alone is measured at Slurm's default SlurmdTimeout; --quick keeps the stack's 10 s.
@@ -235,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         ("expedite", "time to resume, --requeue=expedite vs --requeue (real Slurm 26.05)"),
         ("scale", "10, 100, 1,000 concurrent incidents (scale harness)"),
         ("checkpoints", "the latest complete checkpoint of many large ones, polled (files only)"),
+        ("fleet", "a real slurmctld with 2,000 cloud nodes and 64 slurmd: start, memory, node listings"),
     ):
         sub.add_parser(name, help=what, parents=[common])
     s = sub.add_parser("storm", help="an alert storm against the hook server (bench/storm.py)")

@@ -57,9 +57,11 @@ class LocalStack:
     # None: the host's Slurm; "22.05", "24.11" or "26.05": that generation, from a Debian root
     # unless it is the host's
     slurm_version: str | None = None
-    # the cluster's size (deploy/local/slurm-cluster.sh's SLURM_NODES, SLURM_SPARES); None: its default
+    # the cluster's size (deploy/local/slurm-cluster.sh's SLURM_NODES, SLURM_SPARES, SLURM_CLOUD_NODES:
+    # nodes without a slurmd, powered-down cloud nodes); None: its default
     slurm_nodes: int | None = None
     slurm_spares: int | None = None
+    slurm_cloud_nodes: int | None = None
     # several workers on one cluster (e.g. two on one task queue): each its own pid file and log
     worker_instance: str = ""
 
@@ -179,7 +181,11 @@ class LocalStack:
         root = self.slurm_root
         size = {
             name: str(value)
-            for name, value in (("SLURM_NODES", self.slurm_nodes), ("SLURM_SPARES", self.slurm_spares))
+            for name, value in (
+                ("SLURM_NODES", self.slurm_nodes),
+                ("SLURM_SPARES", self.slurm_spares),
+                ("SLURM_CLOUD_NODES", self.slurm_cloud_nodes),
+            )
             if value is not None
         }
         return {

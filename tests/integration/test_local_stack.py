@@ -5,6 +5,7 @@ its own REST API versions; stopping them leaves no process and no mount behind."
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -18,6 +19,7 @@ from typing import TypeVar
 import httpx
 import pytest
 
+from backends.slurm import SlurmCli
 from drills.localstack import DEBIAN_RELEASE_OF_GENERATION, LocalStack
 from tests.conftest import ports_below_the_ephemeral_range
 from trainer import checkpoint as ckpt
@@ -29,7 +31,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm_generation]
 # the ephemeral range (the newest generation's cluster takes 3000 above the base, and its slurmd 100+).
 STATE_DIR = Path("/tmp/training-recovery-stack-tests")
 PORT_BASE = 29000
-PORTS_ABOVE_BASE = 3000 + 200
+# The cloud-node cluster beside each generation's (CLOUD_PORT_OFFSET above it, 2 slurmd).
+CLOUD_PORT_OFFSET = 500
+PORTS_ABOVE_BASE = 3000 + CLOUD_PORT_OFFSET + 200
 GENERATIONS = tuple(DEBIAN_RELEASE_OF_GENERATION)
 # The REST API versions each generation serves (22.05: one plugin each; from 23.02: data parsers)
 REST_VERSIONS = {
@@ -230,3 +234,46 @@ def test_a_restart_leaves_a_spare_an_incident_brought_into_service_in_service(cl
     finally:
         # the spare on standby again, as the other tests expect it
         cluster.run("scontrol", "update", "NodeName=gpu-5", "Comment=", "State=DRAIN", f"Reason={SPARE_REASON}")
+
+
+async def test_cloud_nodes_are_listed_and_drained_and_set_down_without_a_slurmd(cluster):
+    """SLURM_CLOUD_NODES (issue #26's fleet of thousands on one machine): nodes without a slurmd,
+    powered down (State=CLOUD), which slurmctld lists (PrivateData=cloud) and the worker's backend
+    drains and sets DOWN as any node; no job is sent to them (a partition of their own)."""
+    stack = dataclasses.replace(
+        cluster.stack,
+        state_dir=STATE_DIR / "cloud",
+        slurm_port_base=cluster.stack.slurm_port_base + CLOUD_PORT_OFFSET,
+        slurm_nodes=2,
+        slurm_spares=0,
+        slurm_cloud_nodes=300,
+    )
+    try:
+        env = stack.slurm_cli_env(stack.start_slurm(clean=True))
+        cli = SlurmCli(slurm_conf=env["SLURM_CONF"], bin_dir=env.get("SLURM_BIN_DIR", ""))
+        nodes = {n.name: n for n in await cli.list_nodes()}
+        assert sorted(nodes, key=lambda name: int(name.split("-")[1])) == [f"gpu-{i}" for i in range(1, 303)]
+        assert all(n.state == "idle" for n in nodes.values()), {n.state for n in nodes.values()}
+        assert len(list((stack.slurm_base / "run").glob("node-*.pid"))) == 2  # a slurmd for gpu-1 and gpu-2 only
+        await cli.update_node("gpu-300", "DRAIN", "recovery: XID 79 on a cloud node")
+        drained = await cli.get_node("gpu-300")
+        assert drained.drained and not drained.in_service and drained.reason == "recovery: XID 79 on a cloud node"
+        await cli.update_node("gpu-300", "DOWN", "recovery: down")
+        assert (await cli.get_node("gpu-300")).state == "down"
+        job = cli_run(env, "sbatch", "--parsable", "--chdir=/tmp", "--output=/dev/null", "--wrap", "sleep 60").strip()
+        running = poll(lambda: job_on(env, job), 30, f"job {job} to run")
+        assert running in ("gpu-1", "gpu-2"), running
+        cli_run(env, "scancel", job)
+    finally:
+        stack.stop_slurm()
+    assert processes_of(stack) == []
+
+
+def cli_run(env: dict[str, str], *argv: str) -> str:
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+
+
+def job_on(env: dict[str, str], job: str) -> str | None:
+    """The node the job runs on, once it runs."""
+    out = cli_run(env, "squeue", "-h", "-j", job, "-o", "%T %N").split()
+    return out[1] if out and out[0] == "RUNNING" else None
