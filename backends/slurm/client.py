@@ -6,7 +6,8 @@ import copy
 from datetime import datetime
 from typing import get_args
 
-from backends.slurm.api import NodeUpdate, SlurmBackend, SlurmOperation, Unsupported
+from backends.slurm.api import NodeUpdate, SlurmBackend, SlurmNotFound, SlurmOperation, Unsupported
+from backends.slurm.listings import SharedListing
 from contracts.models import DIED_OF_THE_FAULT, HOLDS_ITS_NODES, Invocation, SlurmJob, SlurmNode, SlurmPath
 
 
@@ -16,6 +17,10 @@ class SlurmClient:
 
     def __init__(self, cli: SlurmBackend | None, rest: SlurmBackend | None = None):
         self.cli, self.rest = cli, rest
+        # Every node or job read is a full listing of the cluster: one at a time, shared by all
+        # the worker's readers (backends/slurm/listings.py).
+        self.nodes = SharedListing(lambda: self.backend_for("list_nodes").list_nodes())
+        self.jobs = SharedListing(lambda: self.backend_for("list_jobs").list_jobs())
 
     def planning(self) -> SlurmClient:
         """The same client in dry-run: reads are real, each write returns the exact command or
@@ -26,9 +31,11 @@ class SlurmClient:
             twin.dry_run = True
             return twin
 
-        return SlurmClient(
+        twin = SlurmClient(
             planned(self.cli) if self.cli is not None else None, planned(self.rest) if self.rest is not None else None
         )
+        twin.nodes, twin.jobs = self.nodes, self.jobs  # reads are the same
+        return twin
 
     def acting(self, dry_run: bool) -> SlurmClient:
         """This client, or its planning twin for an incident in dry-run."""
@@ -51,13 +58,18 @@ class SlurmClient:
         return self.backend_for(operation).path
 
     async def get_node(self, name: str) -> SlurmNode:
-        return await self.backend_for("get_node").get_node(name)
+        """The node as a listing that began after this call shows it (a backend's own node read
+        lists every node too: ENDPOINTS in rest.py says why)."""
+        for node in await self.nodes.read():
+            if node.name == name:
+                return node
+        raise SlurmNotFound(f"node {name} is not in this cluster")
 
     async def list_nodes(self) -> list[SlurmNode]:
-        return await self.backend_for("list_nodes").list_nodes()
+        return await self.nodes.read()
 
     async def list_jobs(self) -> list[SlurmJob]:
-        return await self.backend_for("list_jobs").list_jobs()
+        return await self.jobs.read()
 
     async def get_job(self, job_id: int) -> SlurmJob:
         return await self.backend_for("get_job").get_job(job_id)
