@@ -107,27 +107,16 @@ class FleetResult:
                 sum(self.small_cost.memory_mib.values()),
                 digits=0,
             ),
-            row(
-                f"full node listing, CLI, {what}",
-                (median(big.cli_seconds) or 0) * 1000,
-                "ms",
-                (median(small.cli_seconds) or 0) * 1000,
-                digits=1,
-            ),
-            row(f"full node listing, CLI bytes, {what}", big.cli_bytes / 1024, "KiB", small.cli_bytes / 1024, digits=0),
-            row(
-                f"full node listing, REST, {what}",
-                (median(big.rest_seconds) or 0) * 1000,
-                "ms",
-                (median(small.rest_seconds) or 0) * 1000,
-                digits=1,
-            ),
-            row(
-                f"full node listing, REST bytes, {what}",
-                big.rest_bytes / 1024,
-                "KiB",
-                small.rest_bytes / 1024,
-                digits=0,
+            *(
+                row(f"full node listing, {path}{measure}, {what}", ours, unit, baseline, digits=digits)
+                for path, (big_seconds, big_bytes), (small_seconds, small_bytes) in (
+                    ("CLI", (big.cli_seconds, big.cli_bytes), (small.cli_seconds, small.cli_bytes)),
+                    ("REST", (big.rest_seconds, big.rest_bytes), (small.rest_seconds, small.rest_bytes)),
+                )
+                for measure, ours, baseline, unit, digits in (
+                    ("", (median(big_seconds) or 0) * 1000, (median(small_seconds) or 0) * 1000, "ms", 1),
+                    (" bytes", big_bytes / 1024, small_bytes / 1024, "KiB", 0),
+                )
             ),
             row(
                 f"slurmctld RPCs per CLI node listing, {what}",
