@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
+from contracts.settings import Settings
 from drills.localstack import LocalStack
 from tests.faults.crash_support import Case
 from tests.integration.conftest import stack_settings
-from worker import register_search_attributes
+from worker import connect, register_search_attributes
 
 
 def free_port() -> int:
@@ -38,7 +38,9 @@ async def crash_temporal(request: pytest.FixtureRequest) -> AsyncIterator[tuple[
     shutil.rmtree(state, ignore_errors=True)
     try:
         server.start_temporal()
-        client = await Client.connect(server.temporal_address, data_converter=pydantic_data_converter)
+        # Its port opens before its frontend is healthy: a first dial then failed ("Frontend is not
+        # healthy yet", CI: every crash test of a module errored); worker.connect dials again.
+        client = await connect(Settings(TEMPORAL_ADDRESS=server.temporal_address))
         await register_search_attributes(client, client.namespace)
         yield server, client
     finally:
