@@ -16,7 +16,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from backends.checkpoints import CheckpointStore
-from backends.slurm import SlurmClient, SlurmNotFound
+from backends.slurm import SlurmClient, SlurmNotFound, SlurmUnavailable
 from contracts.audit import record
 from contracts.models import (
     DIED_OF_THE_FAULT,
@@ -76,19 +76,33 @@ class JobActivities:
         has moved on (requeued by another node's incident, or ended) is not signalled, for good
         (JobMovedOn): a pending job cannot be signalled (Slurm refuses, retried for 10 minutes
         before), and a job that has just restarted may not have its handler in yet: the signal's
-        default action would end it."""
+        default action would end it. A job Slurm cannot read now is signalled as found (seconds ago):
+        the read is one try, so a broken read never holds the signal (it held it 10 minutes)."""
+        unread = ""
         if req.node is not None and req.restart_count is not None:
-            job = await self._slurm.get_job(req.job_id)
-            if job.restart_count != req.restart_count or job.state not in HOLDS_ITS_NODES or req.node not in job.nodes:
-                raise ApplicationError(
-                    f"job {req.job_id} not signalled: it is {job.state} on {','.join(job.nodes) or 'no node'}, "
-                    f"restart {job.restart_count}; found on {req.node}, restart {req.restart_count}",
-                    type="JobMovedOn",
-                    non_retryable=True,
-                )
+            try:
+                job = await self._slurm.get_job(req.job_id)
+            except (SlurmUnavailable, asyncio.TimeoutError) as e:
+                unread = f"; as found (its state unread: {str(e)[:200]})"
+            else:
+                if (
+                    job.restart_count != req.restart_count
+                    or job.state not in HOLDS_ITS_NODES
+                    or req.node not in job.nodes
+                ):
+                    raise ApplicationError(
+                        f"job {req.job_id} not signalled: it is {job.state} on {','.join(job.nodes) or 'no node'}, "
+                        f"restart {job.restart_count}; found on {req.node}, restart {req.restart_count}",
+                        type="JobMovedOn",
+                        non_retryable=True,
+                    )
         call = await self._slurm.acting(req.ctx.dry_run).signal_job(req.job_id, req.signal)
         return record(
-            "signal_job", f"job {req.job_id}", call, req.ctx, f"SIG{req.signal} to the batch shell and every step"
+            "signal_job",
+            f"job {req.job_id}",
+            call,
+            req.ctx,
+            f"SIG{req.signal} to the batch shell and every step{unread}",
         )
 
     @activity.defn

@@ -246,8 +246,10 @@ async def test_a_persistent_fault_on_a_read_before_a_destructive_step_fails_the_
         assert report.actions == [] and not node.drained
     else:
         assert node.drained and f"incident {report.incident_id} " in node.reason + " "
-    signalled = bool(actions(report, "signal_job"))
-    assert signalled == (phase == "requeue")  # the jobs were found and told to checkpoint, no more
+    signalled = actions(report, "signal_job")
+    assert bool(signalled) == (phase == "requeue")  # the jobs were found and told to checkpoint, no more
+    if operation == "get_job":  # the signal's own look at the job failed too: it went out as found, at once
+        assert all("as found (its state unread" in a.detail for a in signalled), signalled
 
 
 # --- the CLI cannot reach slurmctld -------------------------------------------------------------
