@@ -41,6 +41,9 @@ from contracts.models import (
 )
 
 POLL_SECONDS = 0.5
+# The signal's look at the job: a job read takes milliseconds; one that hangs must leave the signal
+# its time (the call's quick tries have 10 s in all).
+SIGNAL_LOOK_SECONDS = 3.0
 # Why a pending job waits, where Slurm says it never starts as it is: no deadline needs waiting out.
 NEVER_STARTS = frozenset(
     {"BadConstraints", "PartitionConfig", "DependencyNeverSatisfied", "InvalidAccount", "InvalidQOS"}
@@ -77,13 +80,14 @@ class JobActivities:
         (JobMovedOn): a pending job cannot be signalled (Slurm refuses, retried for 10 minutes
         before), and a job that has just restarted may not have its handler in yet: the signal's
         default action would end it. A job Slurm cannot read now is signalled as found (seconds ago):
-        the read is one try, so a broken read never holds the signal (it held it 10 minutes)."""
+        the read is one short try, so a broken or hung read never holds the signal (it held it 10
+        minutes)."""
         unread = ""
         if req.node is not None and req.restart_count is not None:
             try:
-                job = await self._slurm.get_job(req.job_id)
+                job = await asyncio.wait_for(self._slurm.get_job(req.job_id), SIGNAL_LOOK_SECONDS)
             except (SlurmUnavailable, asyncio.TimeoutError) as e:
-                unread = f"; as found (its state unread: {str(e)[:200]})"
+                unread = f"; as found (its state unread: {str(e)[:200] or 'no answer in time'})"
             else:
                 if (
                     job.restart_count != req.restart_count

@@ -22,7 +22,7 @@ import httpx
 from backends.slurm import SlurmCli
 from backends.slurm.rest import ENDPOINTS, SlurmRest, TokenFile
 from bench.stack import bench_local_stack, say
-from bench.table import Row, goal, median, row
+from bench.table import Row, median, row
 from drills.localstack import LocalStack
 
 FLEET_SLURMD_NODES = 64
@@ -33,7 +33,9 @@ BASELINE_PORT_OFFSET, FLEET_PORT_OFFSET = 300, 500
 QUICK_CLOUD_NODES = 200
 QUICK_SLURMD_NODES = 8
 # `sdiag` (22.05 has no --json): "\tREQUEST_NODE_INFO  ( 2007) count:12  ave_time:1043  total_time:12516"
-_SDIAG_RPC = re.compile(r"^\s+([A-Z_]+)\s+\(\s*\d+\)\s+count:(\d+)", re.MULTILINE)
+_SDIAG_RPC = re.compile(r"^\s+([A-Z_]+)\s+\(\s*\d+\)\s+count:(\d+)\s+ave_time:\d+\s+total_time:(\d+)", re.MULTILINE)
+# The RPCs a node listing makes (sinfo and scontrol: the nodes and their partitions).
+LISTING_RPCS = ("REQUEST_NODE_INFO", "REQUEST_NODE_INFO_SINGLE", "REQUEST_PARTITION_INFO")
 
 
 def fleet_local_stack(name: str, slurmd_nodes: int, cloud_nodes: int, port_offset: int) -> LocalStack:
@@ -63,14 +65,17 @@ class CountingCli(SlurmCli):
 
 @dataclass
 class Reads:
-    """Reading every node of one cluster, as the worker's backends do, `runs` times."""
+    """Reading every node of one cluster `runs` times: through the worker's CLI backend (the
+    command, its JSON, the models), and as slurmrestd's raw GET /nodes of the newest version it
+    serves (no parsing; the worker lists nodes over REST from v0.0.40 on, over the CLI on 22.05)."""
 
     nodes: int
     cli_seconds: list[float]
     cli_bytes: int  # one listing
     rest_seconds: list[float]
     rest_bytes: int
-    rpcs_per_listing: dict[str, float]  # slurmctld's RPCs by type, per CLI listing (sdiag)
+    rpcs_per_listing: dict[str, float]  # slurmctld's listing RPCs by type, per CLI listing (sdiag)
+    slurmctld_us_per_listing: float  # those RPCs' time in slurmctld (sdiag's total_time), per listing
 
 
 @dataclass
@@ -110,8 +115,8 @@ class FleetResult:
             *(
                 row(f"full node listing, {path}{measure}, {what}", ours, unit, baseline, digits=digits)
                 for path, (big_seconds, big_bytes), (small_seconds, small_bytes) in (
-                    ("CLI", (big.cli_seconds, big.cli_bytes), (small.cli_seconds, small.cli_bytes)),
-                    ("REST", (big.rest_seconds, big.rest_bytes), (small.rest_seconds, small.rest_bytes)),
+                    ("CLI backend", (big.cli_seconds, big.cli_bytes), (small.cli_seconds, small.cli_bytes)),
+                    ("raw GET /nodes", (big.rest_seconds, big.rest_bytes), (small.rest_seconds, small.rest_bytes)),
                 )
                 for measure, ours, baseline, unit, digits in (
                     ("", (median(big_seconds) or 0) * 1000, (median(small_seconds) or 0) * 1000, "ms", 1),
@@ -119,12 +124,18 @@ class FleetResult:
                 )
             ),
             row(
-                f"slurmctld RPCs per CLI node listing, {what}",
+                f"slurmctld RPCs per node listing, {what}",
                 sum(big.rpcs_per_listing.values()),
                 "",
                 sum(small.rpcs_per_listing.values()),
-                goal("value <= baseline", note="flat as the cluster grows"),
                 digits=1,
+            ),
+            row(
+                f"slurmctld time per node listing (sdiag), {what}",
+                big.slurmctld_us_per_listing / 1000,
+                "ms",
+                small.slurmctld_us_per_listing / 1000,
+                digits=2,
             ),
         ]
 
@@ -135,7 +146,8 @@ class FleetResult:
             lines.append(
                 f"  {name}: {reads.nodes} nodes ({cost.slurmd} slurmd), started in {cost.start_seconds:.1f} s; "
                 f"memory (MiB, PSS) {cost.memory_mib}; CLI listing {reads.cli_bytes:,} B, REST {reads.rest_bytes:,} B "
-                f"({per_node:,.0f} B per node); RPCs per listing {reads.rpcs_per_listing}; "
+                f"({per_node:,.0f} B per node); RPCs per listing {reads.rpcs_per_listing}, "
+                f"{reads.slurmctld_us_per_listing:,.0f} µs in slurmctld; "
                 f"CLI (s) {[round(s, 3) for s in reads.cli_seconds]}, "
                 f"REST (s) {[round(s, 3) for s in reads.rest_seconds]}"
             )
@@ -177,6 +189,7 @@ async def _read_nodes(cli: CountingCli, cluster: dict[str, str], runs: int) -> R
     )
     try:
         version = await rest.discover()
+        await cli.version()  # asked once per client: not inside the first timed listing
         before = await sdiag_rpcs(cli)
         cli_seconds, printed = [], 0
         for _ in range(runs):
@@ -186,9 +199,9 @@ async def _read_nodes(cli: CountingCli, cluster: dict[str, str], runs: int) -> R
             cli_seconds.append(time.monotonic() - started)
             printed = cli.printed
         after = await sdiag_rpcs(cli)
-        # sdiag's own RPC is counted in `after`: one per call, taken out here
-        delta = {k: (after.get(k, 0) - before.get(k, 0)) / runs for k in after if after.get(k, 0) > before.get(k, 0)}
-        delta = {k: v for k, v in delta.items() if k not in ("REQUEST_STATS_INFO",) and v > 0}
+        counts = {k: (after[k][0] - before.get(k, (0, 0))[0]) / runs for k in LISTING_RPCS if k in after}
+        counts = {k: v for k, v in counts.items() if v > 0}
+        slurmctld_us = sum(after[k][1] - before.get(k, (0, 0))[1] for k in LISTING_RPCS if k in after) / runs
         rest_seconds, rest_bytes = [], 0
         _, path, _, _ = ENDPOINTS["list_nodes"]
         token = TokenFile(Path(cluster["SLURMRESTD_TOKEN_FILE"]))
@@ -200,16 +213,17 @@ async def _read_nodes(cli: CountingCli, cluster: dict[str, str], runs: int) -> R
                 response.raise_for_status()
                 rest_seconds.append(time.monotonic() - started)
                 rest_bytes = len(response.content)
-        return Reads(len(nodes), cli_seconds, printed, rest_seconds, rest_bytes, delta)
+        return Reads(len(nodes), cli_seconds, printed, rest_seconds, rest_bytes, counts, slurmctld_us)
     finally:
         await rest.aclose()
 
 
-async def sdiag_rpcs(cli: SlurmCli) -> dict[str, int]:
-    """slurmctld's RPC counts by message type since its start (or the last `sdiag -r`)."""
+async def sdiag_rpcs(cli: SlurmCli) -> dict[str, tuple[int, int]]:
+    """slurmctld's RPCs by message type since its start (or the last `sdiag -r`): their count and
+    their total time in slurmctld (microseconds)."""
     text = await cli.run("sdiag")
     by_type = text.split("Remote Procedure Call statistics by user")[0]
-    return {name: int(count) for name, count in _SDIAG_RPC.findall(by_type)}
+    return {name: (int(count), int(total)) for name, count, total in _SDIAG_RPC.findall(by_type)}
 
 
 def cluster_memory_mib(slurm_base: Path) -> dict[str, float]:

@@ -11,8 +11,6 @@ runs shares the next: N readers at once cost two listings, not N.
 from __future__ import annotations
 
 import asyncio
-import math
-import time
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
@@ -20,31 +18,35 @@ T = TypeVar("T")
 
 
 class SharedListing(Generic[T]):
-    def __init__(self, fetch: Callable[[], Awaitable[list[T]]], clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, fetch: Callable[[], Awaitable[list[T]]]) -> None:
         self._fetch = fetch
-        self._clock = clock
         self._running: asyncio.Future[list[T]] | None = None
-        self._running_began = 0.0
+        # Listings are numbered as they begin (their task runs), not by a clock: "began after the
+        # reader asked" must hold however coarse a clock would be.
+        self._begun = 0
+        self._running_number: int | None = None  # None: not begun yet, any reader may share it
         self.listings = 0  # listings made: what the benchmark and the tests count
 
     async def read(self) -> list[T]:
-        """A listing that began no earlier than this call."""
-        asked = self._clock()
+        """A listing that began after this call."""
+        asked = self._begun
         while True:
             running = self._running
             if running is None:
                 running = self._begin()
-            elif self._running_began < asked:
+            elif self._running_number is not None and self._running_number <= asked:
                 # It began before this reader asked and may miss a write that ended since: wait it
-                # out (whatever it came to) and share the next one.
+                # out and share the next one. If it failed, that failure came after the reader
+                # asked: it is the reader's answer too (a hung slurmctld is not waited out twice).
                 await asyncio.wait([running])
+                if not running.cancelled() and (failure := running.exception()) is not None:
+                    raise failure
                 continue
             # Shielded: a reader cancelled (its activity timed out) leaves the others their listing.
             return list(await asyncio.shield(running))
 
     def _begin(self) -> asyncio.Future[list[T]]:
-        # Not begun until its task runs: a reader who asks before then may share it.
-        self._running_began = math.inf
+        self._running_number = None
         self.listings += 1
         running = asyncio.ensure_future(self._list())
         self._running = running
@@ -52,7 +54,8 @@ class SharedListing(Generic[T]):
         return running
 
     async def _list(self) -> list[T]:
-        self._running_began = self._clock()
+        self._begun += 1
+        self._running_number = self._begun
         return await self._fetch()
 
     def _ended(self, listing: asyncio.Future[list[T]]) -> None:

@@ -239,7 +239,8 @@ CONF
     echo "PartitionName=gpu Nodes=gpu-[1-$total] Default=YES MaxTime=INFINITE State=UP"
     if [ "$CLOUD" -gt 0 ]; then
       # Powered down from the start and never resumed (no job is sent to their partition unless
-      # asked): listed by sinfo, scontrol and slurmrestd (PrivateData=cloud), drained like any node.
+      # asked), drained like any node. PrivateData=cloud: slurm.conf(5) of 22.05 hides powered-down
+      # cloud nodes from sinfo, scontrol and slurmrestd without it.
       echo "PrivateData=cloud"
       echo "SuspendProgram=/bin/true"
       echo "ResumeProgram=/bin/true"

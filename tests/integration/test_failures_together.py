@@ -25,7 +25,7 @@ from tests.integration.conftest import Fleet, cluster_of_its_own, fleet, status_
 
 pytestmark = [pytest.mark.slurm, pytest.mark.host_and_newest_slurm_generation]
 
-# Between the session cluster's ports (up to 106 above its base) and the storm's (400 above).
+# Between the session cluster's ports (up to 105 above its base) and the storm's (417 above).
 THREE_SPARES_PORT_OFFSET = 200
 
 

@@ -239,7 +239,8 @@ def test_a_restart_leaves_a_spare_an_incident_brought_into_service_in_service(cl
 async def test_cloud_nodes_are_listed_and_drained_and_set_down_without_a_slurmd(cluster):
     """SLURM_CLOUD_NODES (issue #26's fleet of thousands on one machine): nodes without a slurmd,
     powered down (State=CLOUD), which slurmctld lists (PrivateData=cloud) and the worker's backend
-    drains and sets DOWN as any node; no job is sent to them (a partition of their own)."""
+    drains and sets DOWN as any node; jobs still run on the nodes with a slurmd (the cloud nodes
+    are in a partition of their own)."""
     stack = dataclasses.replace(
         cluster.stack,
         state_dir=STATE_DIR / "cloud",

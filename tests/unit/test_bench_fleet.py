@@ -39,12 +39,12 @@ class Sdiag:
         return SDIAG
 
 
-async def test_sdiag_counts_rpcs_by_message_type_not_by_user():
+async def test_sdiag_gives_rpcs_by_message_type_not_by_user_with_their_time():
     assert await fleet.sdiag_rpcs(Sdiag()) == {  # type: ignore[arg-type]
-        "REQUEST_PING": 2,
-        "REQUEST_PARTITION_INFO": 2,
-        "REQUEST_NODE_INFO": 12,
-        "MESSAGE_NODE_REGISTRATION_STATUS": 2,
+        "REQUEST_PING": (2, 612),
+        "REQUEST_PARTITION_INFO": (2, 1401),
+        "REQUEST_NODE_INFO": (12, 2135),
+        "MESSAGE_NODE_REGISTRATION_STATUS": (2, 279),
     }
 
 

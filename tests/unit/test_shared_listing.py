@@ -79,6 +79,25 @@ async def test_a_failed_listing_fails_its_readers_and_the_next_read_lists_again(
     assert await shared.read() == [0] and shared.listings == 2
 
 
+async def test_a_listing_that_fails_after_a_reader_asked_is_its_answer_too():
+    """A hung slurmctld is not waited out twice: the reader who asked while a listing ran gets its
+    failure, not a second listing and a second time-out."""
+    cluster = Cluster()
+    shared = SharedListing(cluster.fetch)
+    cluster.release.clear()
+    early = asyncio.ensure_future(shared.read())
+    while not cluster.began:
+        await asyncio.sleep(0)
+    late = asyncio.ensure_future(shared.read())
+    await asyncio.sleep(0)
+    cluster.fail = True
+    cluster.release.set()
+    for reader in (early, late):
+        with pytest.raises(RuntimeError, match="did not answer"):
+            await reader
+    assert shared.listings == 1
+
+
 class NodesBackend:
     """A backend whose every node read lists the cluster, counted."""
 
